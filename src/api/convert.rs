@@ -1,0 +1,228 @@
+//! Proto <-> domain conversion at the edge: parse and validate incoming messages, render verdicts.
+
+use super::pb;
+use crate::engine::EngineError;
+use crate::segment::segment;
+use crate::trace::{ErrorCategory, Step, Trace, Verdict};
+use std::time::Duration;
+use tonic::metadata::MetadataMap;
+
+/// Validates a proto trace; errors name the field under `prefix` (e.g. `trace`, `candidates[2]`).
+pub fn parse_trace(t: pb::Trace, prefix: &str) -> Result<Trace, EngineError> {
+    if t.question.trim().is_empty() {
+        return Err(EngineError::invalid(
+            format!("{prefix}.question"),
+            "is required",
+        ));
+    }
+    parse_with_question(
+        t.question,
+        t.options,
+        t.reference_answer,
+        t.steps,
+        t.text,
+        prefix,
+    )
+}
+
+/// Builds a trace from its parts; `prefix` names where steps/text came from.
+pub fn parse_with_question(
+    question: String,
+    options: Vec<String>,
+    reference_answer: String,
+    steps: Vec<String>,
+    text: String,
+    prefix: &str,
+) -> Result<Trace, EngineError> {
+    if let Some(i) = options.iter().position(|o| o.trim().is_empty()) {
+        return Err(EngineError::invalid(
+            format!("{prefix}.options[{i}]"),
+            "is empty",
+        ));
+    }
+    let steps = if !steps.is_empty() {
+        if let Some(i) = steps.iter().position(|s| s.trim().is_empty()) {
+            return Err(EngineError::invalid(
+                format!("{prefix}.steps[{i}]"),
+                "is empty",
+            ));
+        }
+        steps
+            .into_iter()
+            .map(|text| Step { text, span: None })
+            .collect()
+    } else if !text.trim().is_empty() {
+        segment(&text)
+            .into_iter()
+            .map(|span| Step {
+                text: text[span.clone()].to_string(),
+                span: Some(span),
+            })
+            .collect()
+    } else {
+        return Err(EngineError::invalid(
+            format!("{prefix}.steps"),
+            "give the chain of thought as steps or as text",
+        ));
+    };
+    Ok(Trace {
+        question,
+        options,
+        steps,
+        reference_answer: (!reference_answer.trim().is_empty()).then_some(reference_answer),
+    })
+}
+
+/// Checks an optional threshold override.
+pub fn parse_threshold(t: Option<f32>, field: &str) -> Result<Option<f32>, EngineError> {
+    match t {
+        Some(v) if !(0.0..=1.0).contains(&v) => Err(EngineError::invalid(
+            field,
+            format!("must lie in [0, 1], got {v}"),
+        )),
+        other => Ok(other),
+    }
+}
+
+/// Reads the `grpc-timeout` header: an integer and a unit (H, M, S, m, u, n).
+pub fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
+    parse_grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)
+}
+
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+pub fn category(c: ErrorCategory) -> pb::ErrorCategory {
+    match c {
+        ErrorCategory::Unspecified => pb::ErrorCategory::Unspecified,
+        ErrorCategory::None => pb::ErrorCategory::None,
+        ErrorCategory::Misinterpretation => pb::ErrorCategory::Misinterpretation,
+        ErrorCategory::Hallucination => pb::ErrorCategory::Hallucination,
+        ErrorCategory::Reasoning => pb::ErrorCategory::Reasoning,
+    }
+}
+
+/// Renders a verdict; offsets are filled only for steps the server segmented.
+pub fn response(id: String, trace: &Trace, v: Verdict) -> pb::EvaluateResponse {
+    let j = &v.judgement;
+    let steps = trace
+        .steps
+        .iter()
+        .zip(&j.step_scores)
+        .map(|(step, &score)| {
+            let (start, end) = step
+                .span
+                .clone()
+                .map_or((0, 0), |r| (r.start as u32, r.end as u32));
+            pb::StepVerdict {
+                text: step.text.clone(),
+                score,
+                start,
+                end,
+            }
+        })
+        .collect();
+    pb::EvaluateResponse {
+        id,
+        evaluator: v.evaluator.clone(),
+        first_error_index: j.first_error.map_or(-1, |i| i as i32),
+        category: category(j.category) as i32,
+        steps,
+        trace_score: v.trace_score,
+        rationale: j.rationale.clone().unwrap_or_default(),
+        timing: Some(pb::Timing {
+            queue_s: v.queue.as_secs_f64(),
+            inference_s: j.inference.as_secs_f64(),
+            total_s: v.total.as_secs_f64(),
+        }),
+        error: None,
+        threshold: v.threshold,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace(question: &str, steps: &[&str], text: &str) -> pb::Trace {
+        pb::Trace {
+            question: question.into(),
+            options: vec![],
+            steps: steps.iter().map(|s| s.to_string()).collect(),
+            text: text.into(),
+            reference_answer: String::new(),
+        }
+    }
+
+    fn field(r: Result<Trace, EngineError>) -> String {
+        match r {
+            Err(EngineError::Invalid { field, .. }) => field,
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_traces_name_the_field() {
+        assert_eq!(
+            field(parse_trace(trace(" ", &["a"], ""), "trace")),
+            "trace.question"
+        );
+        assert_eq!(
+            field(parse_trace(trace("q", &[], ""), "trace")),
+            "trace.steps"
+        );
+        assert_eq!(
+            field(parse_trace(trace("q", &[], " \n\n "), "trace")),
+            "trace.steps"
+        );
+        assert_eq!(
+            field(parse_trace(trace("q", &["a", " "], ""), "trace")),
+            "trace.steps[1]"
+        );
+        let mut t = trace("q", &["a"], "");
+        t.options = vec!["x".into(), "".into()];
+        assert_eq!(
+            field(parse_trace(t, "candidates[3]")),
+            "candidates[3].options[1]"
+        );
+    }
+
+    #[test]
+    fn text_is_segmented_with_offsets() {
+        let t = parse_trace(trace("q", &[], "one\n\ntwo "), "trace").unwrap();
+        assert_eq!(t.steps.len(), 2);
+        assert_eq!(t.steps[1].text, "two");
+        assert_eq!(t.steps[1].span, Some(5..8));
+        // Steps win over text when both are given.
+        let t = parse_trace(trace("q", &["s"], "one\n\ntwo"), "trace").unwrap();
+        assert_eq!(t.steps.len(), 1);
+        assert_eq!(t.steps[0].span, None);
+    }
+
+    #[test]
+    fn thresholds_and_timeouts() {
+        assert!(parse_threshold(Some(1.5), "threshold").is_err());
+        assert!(parse_threshold(Some(f32::NAN), "threshold").is_err());
+        assert_eq!(parse_threshold(Some(0.0), "threshold").unwrap(), Some(0.0));
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("5x"), None);
+        assert_eq!(parse_grpc_timeout("m"), None);
+        assert_eq!(parse_grpc_timeout("1234567890S"), None);
+    }
+}

@@ -1,0 +1,290 @@
+//! The gRPC edge: the Evaluator service, proto types, auth; prost types never leave this module
+//! except through `pb` for clients.
+
+mod auth;
+mod convert;
+mod status;
+
+pub use auth::BearerAuth;
+pub use convert::parse_grpc_timeout;
+pub use status::{outcome, to_status};
+
+use crate::engine::{Engine, EngineError, Request as EngineRequest};
+use crate::metrics;
+use futures::StreamExt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Generated protobuf types and the service's client and server.
+pub mod pb {
+    tonic::include_proto!("retrace.v1");
+    /// Encoded descriptors of retrace.v1, for reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/retrace_descriptor.bin"));
+}
+
+/// Responses buffered per stream before the server stops reading more requests.
+const STREAM_BUFFER: usize = 64;
+
+/// The retrace.v1.Evaluator service over an engine.
+pub struct EvaluatorService {
+    engine: Arc<Engine>,
+}
+
+impl EvaluatorService {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        EvaluatorService { engine }
+    }
+
+    pub fn into_server(self) -> pb::evaluator_server::EvaluatorServer<Self> {
+        pb::evaluator_server::EvaluatorServer::new(self)
+    }
+}
+
+/// The evaluator label for metrics: a configured name, or "unknown" (keeps the label set bounded).
+fn label(engine: &Engine, requested: &str) -> String {
+    engine
+        .resolve_name(requested)
+        .unwrap_or("unknown")
+        .to_string()
+}
+
+/// Parses, runs and renders one EvaluateRequest.
+async fn evaluate_one(
+    engine: &Engine,
+    req: pb::EvaluateRequest,
+    deadline: Option<Instant>,
+    arrived: Instant,
+) -> Result<pb::EvaluateResponse, EngineError> {
+    let trace = req
+        .trace
+        .ok_or_else(|| EngineError::invalid("trace", "is required"))?;
+    let trace = Arc::new(convert::parse_trace(trace, "trace")?);
+    let threshold = convert::parse_threshold(req.threshold, "threshold")?;
+    let verdict = engine
+        .evaluate(EngineRequest {
+            evaluator: req.evaluator,
+            trace: trace.clone(),
+            threshold,
+            deadline,
+            arrived,
+        })
+        .await?;
+    Ok(convert::response(req.id, &trace, verdict))
+}
+
+/// The caller's deadline, brought forward a little so that our DEADLINE_EXCEEDED (which says
+/// where the time went) reaches the caller before tonic's own timer cancels the call.
+fn deadline_of<T>(request: &Request<T>, arrived: Instant) -> Option<Instant> {
+    convert::grpc_timeout(request.metadata())
+        .map(|d| arrived + d - (d / 10).min(Duration::from_millis(20)))
+}
+
+fn record<T>(
+    rpc: &'static str,
+    evaluator: &str,
+    result: &Result<T, EngineError>,
+    arrived: Instant,
+) {
+    let code = match result {
+        Ok(_) => tonic::Code::Ok,
+        Err(e) => to_status(e).code(),
+    };
+    metrics::record_request(rpc, evaluator, outcome(code), arrived.elapsed());
+}
+
+/// Turns a failed stream item into a response that carries the error and the request's id.
+fn error_response(id: String, evaluator: String, e: &EngineError) -> pb::EvaluateResponse {
+    let status = to_status(e);
+    pb::EvaluateResponse {
+        id,
+        evaluator,
+        first_error_index: -1,
+        error: Some(pb::Error {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+        }),
+        ..Default::default()
+    }
+}
+
+type ResponseStream =
+    Pin<Box<dyn futures::Stream<Item = Result<pb::EvaluateResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::evaluator_server::Evaluator for EvaluatorService {
+    async fn evaluate(
+        &self,
+        request: Request<pb::EvaluateRequest>,
+    ) -> Result<Response<pb::EvaluateResponse>, Status> {
+        let arrived = Instant::now();
+        let deadline = deadline_of(&request, arrived);
+        let req = request.into_inner();
+        let evaluator = label(&self.engine, &req.evaluator);
+        let result = evaluate_one(&self.engine, req, deadline, arrived).await;
+        record("Evaluate", &evaluator, &result, arrived);
+        result.map(Response::new).map_err(|e| to_status(&e))
+    }
+
+    type EvaluateStreamStream = ResponseStream;
+
+    async fn evaluate_stream(
+        &self,
+        request: Request<Streaming<pb::EvaluateRequest>>,
+    ) -> Result<Response<Self::EvaluateStreamStream>, Status> {
+        let stream_deadline = deadline_of(&request, Instant::now());
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            // Owning the tasks here means that when the caller goes away, dropping the set
+            // aborts them, and with them any work still queued.
+            let mut tasks = JoinSet::new();
+            let mut reading = true;
+            loop {
+                if !reading && tasks.is_empty() {
+                    return; // every request answered: end the response stream
+                }
+                tokio::select! {
+                    next = inbound.next(), if reading => match next {
+                        Some(Ok(req)) => {
+                            let (engine, tx) = (engine.clone(), tx.clone());
+                            tasks.spawn(async move {
+                                let arrived = Instant::now();
+                                let (id, evaluator) = (req.id.clone(), label(&engine, &req.evaluator));
+                                let result = evaluate_one(&engine, req, stream_deadline, arrived).await;
+                                record("EvaluateStream", &evaluator, &result, arrived);
+                                let item = result.unwrap_or_else(|e| error_response(id, evaluator, &e));
+                                let _ = tx.send(Ok(item)).await;
+                            });
+                        }
+                        Some(Err(status)) => {
+                            tracing::debug!(%status, "request stream broke off");
+                            return;
+                        }
+                        None => reading = false,
+                    },
+                    Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn rank(
+        &self,
+        request: Request<pb::RankRequest>,
+    ) -> Result<Response<pb::RankResponse>, Status> {
+        let arrived = Instant::now();
+        let deadline = deadline_of(&request, arrived);
+        let req = request.into_inner();
+        let evaluator = label(&self.engine, &req.evaluator);
+        let result = rank(&self.engine, req, deadline, arrived).await;
+        record("Rank", &evaluator, &result, arrived);
+        result.map(Response::new).map_err(|e| to_status(&e))
+    }
+
+    async fn list_evaluators(
+        &self,
+        _request: Request<pb::ListEvaluatorsRequest>,
+    ) -> Result<Response<pb::ListEvaluatorsResponse>, Status> {
+        let evaluators = self
+            .engine
+            .list()
+            .into_iter()
+            .map(|s| pb::EvaluatorInfo {
+                name: s.name,
+                kind: s.description.kind,
+                family: s.description.family,
+                model: s.description.model,
+                threshold: s.threshold,
+                max_steps: s.max_steps as u32,
+                max_trace_bytes: s.max_trace_bytes as u32,
+                ready: s.ready,
+                is_default: s.is_default,
+                aggregate: s.aggregate.as_str().to_string(),
+            })
+            .collect();
+        Ok(Response::new(pb::ListEvaluatorsResponse { evaluators }))
+    }
+}
+
+async fn rank(
+    engine: &Engine,
+    req: pb::RankRequest,
+    deadline: Option<Instant>,
+    arrived: Instant,
+) -> Result<pb::RankResponse, EngineError> {
+    if req.question.trim().is_empty() {
+        return Err(EngineError::invalid("question", "is required"));
+    }
+    if req.candidates.is_empty() {
+        return Err(EngineError::invalid(
+            "candidates",
+            "give at least one candidate",
+        ));
+    }
+    let threshold = convert::parse_threshold(req.threshold, "threshold")?;
+    let mut traces = Vec::with_capacity(req.candidates.len());
+    for (i, c) in req.candidates.into_iter().enumerate() {
+        let prefix = format!("candidates[{i}]");
+        if !c.question.is_empty() || !c.options.is_empty() || !c.reference_answer.is_empty() {
+            return Err(EngineError::invalid(
+                prefix,
+                "set question, options and reference_answer on the RankRequest, not on a candidate",
+            ));
+        }
+        let trace = convert::parse_with_question(
+            req.question.clone(),
+            req.options.clone(),
+            req.reference_answer.clone(),
+            c.steps,
+            c.text,
+            &prefix,
+        )?;
+        traces.push(Arc::new(trace));
+    }
+    let requests = traces
+        .iter()
+        .map(|t| EngineRequest {
+            evaluator: req.evaluator.clone(),
+            trace: t.clone(),
+            threshold,
+            deadline,
+            arrived,
+        })
+        .collect();
+    let verdicts = engine.evaluate_all(requests).await?;
+    let evaluator = verdicts
+        .first()
+        .map(|v| v.evaluator.clone())
+        .unwrap_or_default();
+    let mut ranked: Vec<pb::RankedCandidate> = verdicts
+        .into_iter()
+        .zip(&traces)
+        .enumerate()
+        .map(|(i, (v, t))| pb::RankedCandidate {
+            index: i as u32,
+            verdict: Some(convert::response(format!("{}#{i}", req.id), t, v)),
+        })
+        .collect();
+    // Stable sort: equal scores keep request order.
+    let score = |c: &pb::RankedCandidate| {
+        c.verdict
+            .as_ref()
+            .map_or(f32::NEG_INFINITY, |v| v.trace_score)
+    };
+    ranked.sort_by(|a, b| score(b).total_cmp(&score(a)));
+    Ok(pb::RankResponse {
+        id: req.id,
+        evaluator,
+        ranked,
+    })
+}

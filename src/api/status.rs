@@ -1,0 +1,73 @@
+//! The one table from engine errors to gRPC status codes, and the outcome label metrics use.
+
+use crate::engine::EngineError;
+use tonic::{Code, Status};
+
+/// Maps an engine error to its gRPC status: validation -> INVALID_ARGUMENT, overload ->
+/// RESOURCE_EXHAUSTED, not ready or upstream down -> UNAVAILABLE, deadline -> DEADLINE_EXCEEDED,
+/// caller gone -> CANCELLED, anything else -> INTERNAL.
+pub fn to_status(error: &EngineError) -> Status {
+    let code = match error {
+        EngineError::Invalid { .. } => Code::InvalidArgument,
+        EngineError::Overloaded(_) => Code::ResourceExhausted,
+        EngineError::Unavailable(_) => Code::Unavailable,
+        EngineError::DeadlineExceeded(_) => Code::DeadlineExceeded,
+        EngineError::Cancelled => Code::Cancelled,
+        EngineError::Internal(_) => Code::Internal,
+    };
+    Status::new(code, error.to_string())
+}
+
+/// The `outcome` label for a request's result: a bounded set of snake_case code names.
+pub fn outcome(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "ok",
+        Code::InvalidArgument => "invalid_argument",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::Unavailable => "unavailable",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::Cancelled => "cancelled",
+        Code::Unauthenticated => "unauthenticated",
+        _ => "internal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table() {
+        let cases = [
+            (
+                EngineError::invalid("trace.question", "is required"),
+                Code::InvalidArgument,
+            ),
+            (
+                EngineError::Overloaded("full".into()),
+                Code::ResourceExhausted,
+            ),
+            (
+                EngineError::Unavailable("loading".into()),
+                Code::Unavailable,
+            ),
+            (
+                EngineError::DeadlineExceeded("late".into()),
+                Code::DeadlineExceeded,
+            ),
+            (EngineError::Cancelled, Code::Cancelled),
+            (EngineError::Internal("bug".into()), Code::Internal),
+        ];
+        for (err, code) in cases {
+            let status = to_status(&err);
+            assert_eq!(status.code(), code, "{err}");
+            assert_eq!(status.message(), err.to_string());
+        }
+        assert_eq!(
+            to_status(&EngineError::invalid("trace.steps[2]", "is empty")).message(),
+            "trace.steps[2]: is empty"
+        );
+        assert_eq!(outcome(Code::Ok), "ok");
+        assert_eq!(outcome(Code::DataLoss), "internal");
+    }
+}

@@ -1,0 +1,131 @@
+//! Unit tests for config parsing, overrides and validation.
+use super::*;
+
+const EXAMPLE: &str = r#"
+[server]
+grpc_addr = "0.0.0.0:50051"
+metrics_addr = "0.0.0.0:9091"
+default_evaluator = "qwen-prm"
+max_in_flight = 512
+shutdown_grace_s = 30
+
+[[evaluator]]
+name = "qwen-prm"
+kind = "prm"                # prm | judge | cascade
+family = "qwen2-math-prm"
+model = "/models/Qwen2.5-Math-PRM-7B"
+device = "cpu"
+threshold = 0.5
+"#;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, "test.toml", &[])
+}
+
+#[test]
+fn example_parses() {
+    let c = parse(EXAMPLE).unwrap();
+    assert_eq!(c.server.max_in_flight, 512);
+    assert_eq!(c.default_evaluator(), "qwen-prm");
+    assert_eq!(c.evaluators[0].family.as_deref(), Some("qwen2-math-prm"));
+    assert_eq!(c.evaluators[0].threshold, 0.5);
+}
+
+#[test]
+fn unknown_key_names_key_and_file() {
+    let err = parse(&EXAMPLE.replace("device =", "devise =")).unwrap_err();
+    assert_eq!(err.source_name, "test.toml");
+    assert!(err.message.contains("devise"), "{err}");
+    assert!(err.to_string().starts_with("config test.toml:"), "{err}");
+}
+
+#[test]
+fn bad_values_are_named() {
+    let err = parse(&EXAMPLE.replace("threshold = 0.5", "threshold = 1.5")).unwrap_err();
+    assert!(err.message.contains("threshold"), "{err}");
+    let err =
+        parse(&EXAMPLE.replace("family = \"qwen2-math-prm\"", "family = \"bert\"")).unwrap_err();
+    assert!(err.message.contains("family \"bert\""), "{err}");
+    let err = parse(&EXAMPLE.replace("max_in_flight = 512", "max_in_flight = -1")).unwrap_err();
+    assert!(err.message.contains("max_in_flight"), "{err}");
+    let err = parse(&EXAMPLE.replace(
+        "default_evaluator = \"qwen-prm\"",
+        "default_evaluator = \"x\"",
+    ))
+    .unwrap_err();
+    assert!(err.message.contains("default_evaluator"), "{err}");
+}
+
+#[test]
+fn unserved_kind_stops_startup() {
+    let text = format!(
+        "{EXAMPLE}\n[[evaluator]]\nname = \"gpt-4o\"\nkind = \"judge\"\nbase_url = \"https://api.example.com/v1\"\nmodel = \"gpt-4o\"\napi_key_env = \"OPENAI_API_KEY\"\n"
+    );
+    let err = parse(&text).unwrap_err();
+    assert!(err.message.contains("kind `judge` is not served"), "{err}");
+    assert!(err.message.contains("gpt-4o"), "{err}");
+}
+
+#[test]
+fn key_of_another_kind_is_refused() {
+    let text = EXAMPLE.replace("device = \"cpu\"", "base_url = \"http://x\"");
+    let err = parse(&text).unwrap_err();
+    assert!(
+        err.message
+            .contains("`base_url` does not apply to kind `prm`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn duplicate_names_and_missing_keys() {
+    let twice = format!(
+        "{EXAMPLE}\n[[evaluator]]\nname = \"qwen-prm\"\nkind = \"prm\"\nfamily = \"chat-lm\"\nmodel = \"m\"\n"
+    );
+    assert!(parse(&twice).unwrap_err().message.contains("used twice"));
+    let no_model = EXAMPLE.replace("model = \"/models/Qwen2.5-Math-PRM-7B\"", "");
+    assert!(
+        parse(&no_model)
+            .unwrap_err()
+            .message
+            .contains("`model` is required")
+    );
+    assert!(
+        parse("[server]\n")
+            .unwrap_err()
+            .message
+            .contains("no [[evaluator]]")
+    );
+}
+
+#[test]
+fn overrides_apply_and_validate() {
+    let over = vec![
+        "server.max_in_flight=7".to_string(),
+        "evaluator.qwen-prm.threshold=0.25".to_string(),
+        "evaluator.qwen-prm.device=cuda:1".to_string(),
+    ];
+    let c = Config::parse(EXAMPLE, "t", &over).unwrap();
+    assert_eq!(c.server.max_in_flight, 7);
+    assert_eq!(c.evaluators[0].threshold, 0.25);
+    assert_eq!(c.evaluators[0].device.as_deref(), Some("cuda:1"));
+    let err = Config::parse(EXAMPLE, "t", &["evaluator.nope.threshold=1".into()]).unwrap_err();
+    assert!(
+        err.message.contains("no evaluator is named \"nope\""),
+        "{err}"
+    );
+    let err = Config::parse(EXAMPLE, "t", &["server.max_in_flight=many".into()]).unwrap_err();
+    assert!(err.message.contains("max_in_flight"), "{err}");
+}
+
+#[test]
+fn secrets_are_redacted() {
+    let text = EXAMPLE.replace(
+        "shutdown_grace_s = 30",
+        "shutdown_grace_s = 30\nauth_tokens = [\"hunter2\"]",
+    );
+    let c = parse(&text).unwrap();
+    assert!(!format!("{c:?}").contains("hunter2"));
+    assert!(!c.redacted_toml().contains("hunter2"));
+    assert_eq!(c.auth_tokens().unwrap()[0].0, "hunter2");
+}

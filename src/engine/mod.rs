@@ -1,0 +1,79 @@
+//! The engine: the `Evaluator` trait, the engine's error enum, and the registry that admits,
+//! queues and dispatches requests to evaluators.
+
+mod registry;
+
+pub use registry::{Engine, EvaluatorLoader, EvaluatorStatus, Request};
+
+use crate::trace::{Judgement, Trace};
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// What an evaluator says about itself, for ListEvaluators.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Description {
+    /// prm, judge or cascade.
+    pub kind: String,
+    /// The PRM family, or the judge's upstream model.
+    pub family: String,
+    /// The model folder or model name.
+    pub model: String,
+}
+
+/// One unit of work handed to an evaluator.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub trace: Arc<Trace>,
+    pub threshold: f32,
+    /// When the caller stops waiting; work not started by then is dropped.
+    pub deadline: Option<Instant>,
+}
+
+/// Anything that judges a validated trace: a PRM backend, a judge client, a cascade.
+///
+/// Dropping the returned future means the caller has gone: an implementation must then drop any
+/// work it queued for this job before it reaches a model or an upstream.
+pub trait Evaluator: Send + Sync + 'static {
+    fn describe(&self) -> Description;
+
+    /// Whether it can answer now (a model thread that died, an open circuit breaker: false).
+    fn ready(&self) -> bool {
+        true
+    }
+
+    /// Judges one trace; the judgement carries one score per step.
+    fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>>;
+}
+
+/// Every way a request can fail below the API; `api::status` maps each to one gRPC code.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    /// The input is at fault; `field` names where (e.g. `trace.steps[2]`).
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("server at capacity: {0}")]
+    Overloaded(String),
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    #[error("deadline exceeded: {0}")]
+    DeadlineExceeded(String),
+    #[error("cancelled by the caller")]
+    Cancelled,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl EngineError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        EngineError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Boxes an evaluator for the registry.
+pub fn shared<E: Evaluator>(e: E) -> Arc<dyn Evaluator> {
+    Arc::new(e)
+}

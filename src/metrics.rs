@@ -1,0 +1,185 @@
+//! Every metric name once, their descriptions and buckets, the recorder, and record_* helpers.
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub const REQUESTS: &str = "retrace_requests_total";
+pub const REQUEST_DURATION: &str = "retrace_request_duration_seconds";
+pub const STAGE_DURATION: &str = "retrace_stage_duration_seconds";
+pub const IN_FLIGHT: &str = "retrace_in_flight_requests";
+pub const QUEUE_DEPTH: &str = "retrace_queue_depth";
+pub const EVALUATOR_READY: &str = "retrace_evaluator_ready";
+pub const STEPS_SCORED: &str = "retrace_steps_scored_total";
+pub const BATCH_SIZE: &str = "retrace_batch_size";
+pub const BATCH_TOKENS: &str = "retrace_batch_tokens";
+pub const TOKENS_SCORED: &str = "retrace_tokens_scored_total";
+pub const MODEL_LOAD: &str = "retrace_model_load_seconds";
+pub const DROPPED: &str = "retrace_dropped_total";
+
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+const BATCH_TOKENS_BUCKETS: &[f64] = &[
+    64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0,
+];
+
+/// Pipeline stages timed by `STAGE_DURATION`.
+#[derive(Debug, Clone, Copy)]
+pub enum Stage {
+    Queue,
+    Tokenize,
+    Inference,
+    Judge,
+}
+
+impl Stage {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stage::Queue => "queue",
+            Stage::Tokenize => "tokenize",
+            Stage::Inference => "inference",
+            Stage::Judge => "judge",
+        }
+    }
+}
+
+/// Installs the process-wide recorder once and returns its handle; later calls share it.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), BATCH_SIZE_BUCKETS)
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(BATCH_TOKENS.into()),
+                        BATCH_TOKENS_BUCKETS,
+                    )
+                })
+                .expect("bucket lists are non-empty literals");
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
+            }
+            describe();
+            // Histogram upkeep: the HTTP listener feature would do this itself; we serve /metrics
+            // on our own listener so tests can bind port 0.
+            let upkeep = handle.clone();
+            std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(Duration::from_secs(5));
+                        upkeep.run_upkeep();
+                    }
+                })
+                .expect("spawning a thread");
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_counter!(
+        REQUESTS,
+        "Requests answered, by rpc, evaluator and outcome (a gRPC code name)."
+    );
+    describe_histogram!(
+        REQUEST_DURATION,
+        metrics::Unit::Seconds,
+        "Request latency by rpc and evaluator."
+    );
+    describe_histogram!(
+        STAGE_DURATION,
+        metrics::Unit::Seconds,
+        "Time per pipeline stage (queue, tokenize, inference, judge), by evaluator."
+    );
+    describe_gauge!(IN_FLIGHT, "Requests admitted and not yet answered.");
+    describe_gauge!(
+        QUEUE_DEPTH,
+        "Requests admitted and waiting for their evaluator, by evaluator."
+    );
+    describe_gauge!(
+        EVALUATOR_READY,
+        "1 when the evaluator is loaded and answering."
+    );
+    describe_counter!(STEPS_SCORED, "Steps scored, by evaluator.");
+    describe_histogram!(BATCH_SIZE, "Traces per model batch, by evaluator.");
+    describe_histogram!(
+        BATCH_TOKENS,
+        "Tokens per model batch (padded), by evaluator."
+    );
+    describe_counter!(
+        TOKENS_SCORED,
+        "Real (unpadded) tokens run through the model, by evaluator."
+    );
+    describe_gauge!(
+        MODEL_LOAD,
+        metrics::Unit::Seconds,
+        "How long loading the evaluator's model took."
+    );
+    describe_counter!(
+        DROPPED,
+        "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline)."
+    );
+}
+
+pub fn record_request(
+    rpc: &'static str,
+    evaluator: &str,
+    outcome: &'static str,
+    elapsed: Duration,
+) {
+    let evaluator = evaluator.to_string();
+    counter!(REQUESTS, "rpc" => rpc, "evaluator" => evaluator.clone(), "outcome" => outcome)
+        .increment(1);
+    histogram!(REQUEST_DURATION, "rpc" => rpc, "evaluator" => evaluator)
+        .record(elapsed.as_secs_f64());
+}
+
+pub fn record_stage(evaluator: &str, stage: Stage, elapsed: Duration) {
+    histogram!(STAGE_DURATION, "evaluator" => evaluator.to_string(), "stage" => stage.as_str())
+        .record(elapsed.as_secs_f64());
+}
+
+pub fn in_flight(delta: f64) {
+    gauge!(IN_FLIGHT).increment(delta);
+}
+
+pub fn queue_depth(evaluator: &str, delta: f64) {
+    gauge!(QUEUE_DEPTH, "evaluator" => evaluator.to_string()).increment(delta);
+}
+
+pub fn set_ready(evaluator: &str, ready: bool) {
+    gauge!(EVALUATOR_READY, "evaluator" => evaluator.to_string()).set(if ready {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+pub fn record_steps(evaluator: &str, steps: usize) {
+    counter!(STEPS_SCORED, "evaluator" => evaluator.to_string()).increment(steps as u64);
+}
+
+pub fn record_batch(evaluator: &str, traces: usize, padded_tokens: usize, real_tokens: usize) {
+    let e = evaluator.to_string();
+    histogram!(BATCH_SIZE, "evaluator" => e.clone()).record(traces as f64);
+    histogram!(BATCH_TOKENS, "evaluator" => e.clone()).record(padded_tokens as f64);
+    counter!(TOKENS_SCORED, "evaluator" => e).increment(real_tokens as u64);
+}
+
+pub fn record_model_load(evaluator: &str, elapsed: Duration) {
+    gauge!(MODEL_LOAD, "evaluator" => evaluator.to_string()).set(elapsed.as_secs_f64());
+}
+
+pub fn record_dropped(evaluator: &str, reason: &'static str) {
+    counter!(DROPPED, "evaluator" => evaluator.to_string(), "reason" => reason).increment(1);
+}

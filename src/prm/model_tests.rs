@@ -1,0 +1,283 @@
+//! Exactness of the PRM model against the tiny fixtures' float64 numpy reference, batching,
+//! chunked attention, sharded checkpoints and the load errors.
+
+use super::*;
+use std::time::Instant;
+
+const FAMILIES: [&str; 5] = [
+    "qwen2-math-prm",
+    "skywork-prm",
+    "math-shepherd",
+    "rlhflow",
+    "chat-lm",
+];
+
+struct Case {
+    ids: Vec<u32>,
+    positions: Vec<usize>,
+    scores: Vec<f64>,
+}
+
+fn fixture(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tiny")
+        .join(family)
+}
+
+/// The last id of `text` encoded without special tokens, as the formats doc defines `+` / `-`.
+fn last_id(tok: &tokenizers::Tokenizer, text: &str) -> u32 {
+    *tok.encode(text, false).unwrap().get_ids().last().unwrap()
+}
+
+fn head_for(family: &str) -> HeadSpec {
+    match family {
+        "qwen2-math-prm" => HeadSpec::QwenScore,
+        "skywork-prm" => HeadSpec::ValueHead,
+        _ => {
+            let tok =
+                tokenizers::Tokenizer::from_file(fixture(family).join("tokenizer.json")).unwrap();
+            HeadSpec::LmPair {
+                plus: last_id(&tok, "+"),
+                minus: last_id(&tok, "-"),
+            }
+        }
+    }
+}
+
+fn cases(family: &str) -> Vec<Case> {
+    let text = std::fs::read_to_string(fixture(family).join("expected.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let nums = |x: &serde_json::Value| {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_f64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            ids: nums(&c["input_ids"])
+                .into_iter()
+                .map(|n| n as u32)
+                .collect(),
+            positions: nums(&c["score_positions"])
+                .into_iter()
+                .map(|n| n as usize)
+                .collect(),
+            scores: nums(&c["scores"]),
+        })
+        .collect()
+}
+
+fn load(family: &str, dtype: DType) -> PrmModel {
+    PrmModel::load(&fixture(family), head_for(family), &Device::Cpu, dtype).unwrap()
+}
+
+fn score_all(model: &PrmModel, cases: &[Case]) -> Vec<Vec<f32>> {
+    let rows: Vec<&[u32]> = cases.iter().map(|c| c.ids.as_slice()).collect();
+    let pos: Vec<&[usize]> = cases.iter().map(|c| c.positions.as_slice()).collect();
+    model.score(&rows, &pos).unwrap()
+}
+
+fn max_diff(got: &[Vec<f32>], want: impl Fn(usize) -> Vec<f64>) -> f64 {
+    got.iter()
+        .enumerate()
+        .flat_map(|(i, g)| {
+            let w = want(i);
+            assert_eq!(g.len(), w.len(), "case {i}: score count");
+            g.iter()
+                .zip(w)
+                .map(|(a, b)| (*a as f64 - b).abs())
+                .collect::<Vec<_>>()
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn every_family_matches_the_reference_one_at_a_time_and_batched() {
+    for family in FAMILIES {
+        let model = load(family, DType::F32);
+        let cases = cases(family);
+        let t = Instant::now();
+        let single: Vec<Vec<f32>> = cases
+            .iter()
+            .flat_map(|c| score_all(&model, std::slice::from_ref(c)))
+            .collect();
+        let t_single = t.elapsed();
+        let t = Instant::now();
+        let batched = score_all(&model, &cases);
+        let t_batch = t.elapsed();
+        let ref_diff = max_diff(&single, |i| cases[i].scores.clone());
+        let batch_diff = max_diff(&batched, |i| single[i].iter().map(|s| *s as f64).collect());
+        eprintln!(
+            "{family}: max |score - reference| {ref_diff:.2e}, max |batched - single| {batch_diff:.2e}; \
+             {} cases, {} tokens: one at a time {t_single:.2?}, one batch {t_batch:.2?}",
+            cases.len(),
+            cases.iter().map(|c| c.ids.len()).sum::<usize>()
+        );
+        assert!(ref_diff < 1e-4, "{family}: reference diff {ref_diff}");
+        assert!(batch_diff < 1e-5, "{family}: batch diff {batch_diff}");
+    }
+}
+
+#[test]
+fn chunked_attention_is_exact() {
+    // math-shepherd has a 16-token sliding window; rlhflow has llama3 RoPE scaling.
+    for family in ["math-shepherd", "rlhflow"] {
+        let mut model = load(family, DType::F32);
+        // One query row per chunk at the largest L in the batch: the smallest possible chunks.
+        model.decoder.scores_budget = 1;
+        let cases = cases(family);
+        let got = score_all(&model, &cases);
+        let d = max_diff(&got, |i| cases[i].scores.clone());
+        assert!(d < 1e-4, "{family}: chunked diff {d}");
+        model.decoder.scores_budget = 4 * 4 * 300 * 37;
+        let got = score_all(&model, &cases);
+        let d = max_diff(&got, |i| cases[i].scores.clone());
+        assert!(d < 1e-4, "{family}: uneven chunk diff {d}");
+    }
+}
+
+#[test]
+fn positions_come_back_in_the_order_asked() {
+    let model = load("qwen2-math-prm", DType::F32);
+    let c = &cases("qwen2-math-prm")[1];
+    let mut rev = c.positions.clone();
+    rev.reverse();
+    rev.push(c.positions[0]);
+    let got = model.score(&[&c.ids, &c.ids[..3]], &[&rev, &[]]).unwrap();
+    let mut want: Vec<f64> = c.scores.iter().rev().copied().collect();
+    want.push(c.scores[0]);
+    assert!(max_diff(&got[..1], |_| want.clone()) < 1e-4);
+    assert!(got[1].is_empty());
+    assert_eq!(
+        model.score(&[&c.ids], &[&[]]).unwrap(),
+        vec![Vec::<f32>::new()]
+    );
+}
+
+#[test]
+fn half_precision_runs_close_to_f32() {
+    for (family, dtype) in [("qwen2-math-prm", DType::BF16), ("rlhflow", DType::F16)] {
+        let model = load(family, dtype);
+        let cases = cases(family);
+        let d = max_diff(&score_all(&model, &cases), |i| cases[i].scores.clone());
+        eprintln!("{family} in {dtype:?}: max |score - reference| {d:.2e}");
+        assert!(d < 0.1, "{family} {dtype:?}: {d}");
+    }
+}
+
+#[test]
+fn sharded_checkpoint_loads_like_a_single_file() {
+    let src = fixture("rlhflow");
+    let dir = std::env::temp_dir().join(format!("retrace-shards-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let tensors =
+        candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    let mut map = serde_json::Map::new();
+    for (k, part) in names.chunks(names.len().div_ceil(2)).enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", k + 1);
+        let shard: std::collections::HashMap<String, Tensor> = part
+            .iter()
+            .map(|n| ((*n).clone(), tensors[*n].clone()))
+            .collect();
+        candle_core::safetensors::save(&shard, dir.join(&file)).unwrap();
+        for n in part {
+            map.insert((*n).clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+
+    let sharded = PrmModel::load(&dir, head_for("rlhflow"), &Device::Cpu, DType::F32).unwrap();
+    let cases = cases("rlhflow");
+    let d = max_diff(&score_all(&sharded, &cases), |i| cases[i].scores.clone());
+    assert!(d < 1e-4, "sharded diff {d}");
+
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    let err = PrmModel::load(&dir, head_for("rlhflow"), &Device::Cpu, DType::F32)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, ModelError::MissingFile(p) if p.ends_with("model-00002-of-00002.safetensors")),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn load_and_input_errors_are_clear() {
+    let err = PrmModel::load(
+        Path::new("/nonexistent/prm"),
+        HeadSpec::ValueHead,
+        &Device::Cpu,
+        DType::F32,
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(&err, ModelError::MissingFile(p) if p.ends_with("config.json")),
+        "{err}"
+    );
+    // Qwen score head asked of a checkpoint that has a value head.
+    let err = PrmModel::load(
+        &fixture("skywork-prm"),
+        HeadSpec::QwenScore,
+        &Device::Cpu,
+        DType::F32,
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("score"), "{err}");
+    let err = PrmModel::load(
+        &fixture("skywork-prm"),
+        HeadSpec::LmPair {
+            plus: 1,
+            minus: 9999,
+        },
+        &Device::Cpu,
+        DType::F32,
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("9999"), "{err}");
+
+    let model = load("skywork-prm", DType::F32);
+    assert_eq!(model.max_positions(), 1024);
+    let bad = |rows: &[&[u32]], pos: &[&[usize]]| {
+        matches!(model.score(rows, pos), Err(ModelError::BadInput(_)))
+    };
+    assert!(bad(&[&[1, 2, 3]], &[&[3]]));
+    assert!(bad(&[&[1, 2, 99_999]], &[&[0]]));
+    assert!(bad(&[&[1, 2, 3]], &[]));
+    assert!(bad(&[&vec![1; 1025]], &[&[0]]));
+}
+
+#[test]
+fn device_names() {
+    assert!(matches!(device_from_str("cpu"), Ok(Device::Cpu)));
+    assert!(matches!(
+        device_from_str("gpu0"),
+        Err(ModelError::Device { .. })
+    ));
+    assert!(matches!(
+        device_from_str("cuda:x"),
+        Err(ModelError::Device { .. })
+    ));
+    if !cfg!(feature = "cuda") {
+        let err = device_from_str("cuda:0").err().unwrap();
+        assert!(err.to_string().contains("--features cuda"), "{err}");
+    }
+}
+
+#[test]
+fn the_model_can_move_to_and_be_shared_by_a_backend_thread() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<PrmModel>();
+}

@@ -1,0 +1,153 @@
+//! The domain types: a validated trace, its steps, and the verdict an evaluator reaches.
+
+use std::ops::Range;
+use std::time::Duration;
+
+/// A question and its chain of thought, validated at the API edge.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    pub question: String,
+    /// Multiple-choice options, in order; empty for open questions.
+    pub options: Vec<String>,
+    pub steps: Vec<Step>,
+    /// Non-empty selects reference-based mode.
+    pub reference_answer: Option<String>,
+}
+
+/// One step of a chain of thought.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub text: String,
+    /// Byte range in the caller's raw text, when the server segmented it.
+    pub span: Option<Range<usize>>,
+}
+
+/// Category of the first wrong step, in ReTraceQA's priority order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCategory {
+    Unspecified,
+    None,
+    Misinterpretation,
+    Hallucination,
+    Reasoning,
+}
+
+/// How a trace's reward is computed from its step scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Aggregate {
+    #[default]
+    Min,
+    Product,
+    Last,
+    Mean,
+}
+
+/// What an evaluator concluded about one trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    /// One score per step: the probability that the step is correct.
+    pub step_scores: Vec<f32>,
+    /// Index of the first wrong step; `None` when every step holds.
+    pub first_error: Option<usize>,
+    pub category: ErrorCategory,
+    pub rationale: Option<String>,
+    /// Time spent waiting inside the evaluator (a batch queue), beyond the engine's own queue.
+    pub queued: Duration,
+    /// Time the model or the upstream judge took.
+    pub inference: Duration,
+}
+
+/// The engine's answer: a judgement plus what the engine adds to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    pub evaluator: String,
+    pub judgement: Judgement,
+    pub threshold: f32,
+    pub trace_score: f32,
+    pub queue: Duration,
+    pub total: Duration,
+}
+
+impl Trace {
+    /// Bytes of question, options, reference and steps together: what the size limit counts.
+    pub fn byte_len(&self) -> usize {
+        self.question.len()
+            + self.options.iter().map(String::len).sum::<usize>()
+            + self.reference_answer.as_deref().map_or(0, str::len)
+            + self.steps.iter().map(|s| s.text.len()).sum::<usize>()
+    }
+
+    pub fn step_texts(&self) -> impl Iterator<Item = &str> {
+        self.steps.iter().map(|s| s.text.as_str())
+    }
+}
+
+impl Judgement {
+    /// A PRM's judgement: the first error is the first step scoring below `threshold`.
+    pub fn from_scores(step_scores: Vec<f32>, threshold: f32) -> Self {
+        let first_error = step_scores.iter().position(|&s| s < threshold);
+        let category = if first_error.is_some() {
+            ErrorCategory::Unspecified
+        } else {
+            ErrorCategory::None
+        };
+        Judgement {
+            step_scores,
+            first_error,
+            category,
+            rationale: None,
+            queued: Duration::ZERO,
+            inference: Duration::ZERO,
+        }
+    }
+}
+
+impl Aggregate {
+    /// The trace's reward. An empty list scores 1.0 (nothing is wrong), though traces always
+    /// have at least one step.
+    pub fn apply(self, scores: &[f32]) -> f32 {
+        if scores.is_empty() {
+            return 1.0;
+        }
+        match self {
+            Aggregate::Min => scores.iter().copied().fold(f32::INFINITY, f32::min),
+            Aggregate::Product => scores.iter().product(),
+            Aggregate::Last => scores[scores.len() - 1],
+            Aggregate::Mean => scores.iter().sum::<f32>() / scores.len() as f32,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Aggregate::Min => "min",
+            Aggregate::Product => "product",
+            Aggregate::Last => "last",
+            Aggregate::Mean => "mean",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_error_is_first_score_below_threshold() {
+        let j = Judgement::from_scores(vec![0.9, 0.4, 0.2], 0.5);
+        assert_eq!(j.first_error, Some(1));
+        assert_eq!(j.category, ErrorCategory::Unspecified);
+        let j = Judgement::from_scores(vec![0.9, 0.5], 0.5);
+        assert_eq!(j.first_error, None);
+        assert_eq!(j.category, ErrorCategory::None);
+    }
+
+    #[test]
+    fn aggregates() {
+        let s = [0.5, 0.25, 1.0];
+        assert_eq!(Aggregate::Min.apply(&s), 0.25);
+        assert_eq!(Aggregate::Product.apply(&s), 0.125);
+        assert_eq!(Aggregate::Last.apply(&s), 1.0);
+        assert!((Aggregate::Mean.apply(&s) - 0.583_333_3).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,223 @@
+//! Test harness: fake evaluators (tests only) and an in-process server on 127.0.0.1:0.
+#![allow(dead_code)]
+
+use futures::future::BoxFuture;
+use retrace::api::pb;
+use retrace::config::Config;
+use retrace::engine::{Description, EngineError, Evaluator, EvaluatorLoader, Job};
+use retrace::trace::Judgement;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// Scores a step 0.1 when it contains "wrong", else 0.9, after `delay`.
+pub struct Fake {
+    pub delay: Duration,
+    pub counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+pub struct Counters {
+    /// Jobs that reached the "model".
+    pub started: AtomicUsize,
+    /// Jobs that finished.
+    pub finished: AtomicUsize,
+}
+
+impl Counters {
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+    pub fn finished(&self) -> usize {
+        self.finished.load(Ordering::SeqCst)
+    }
+}
+
+impl Evaluator for Fake {
+    fn describe(&self) -> Description {
+        Description {
+            kind: "prm".into(),
+            family: "fake".into(),
+            model: "fake-model".into(),
+        }
+    }
+
+    fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
+        Box::pin(async move {
+            self.counters.started.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            let scores = job
+                .trace
+                .steps
+                .iter()
+                .map(|s| if s.text.contains("wrong") { 0.1 } else { 0.9 })
+                .collect();
+            self.counters.finished.fetch_add(1, Ordering::SeqCst);
+            Ok(Judgement::from_scores(scores, job.threshold))
+        })
+    }
+}
+
+/// A config whose evaluators are fakes: each `[[evaluator]]` must still validate as a PRM.
+pub fn config(server_extra: &str, evaluators: &[(&str, &str)]) -> Config {
+    let mut text = format!("[server]\n{server_extra}\n");
+    for (name, extra) in evaluators {
+        text.push_str(&format!(
+            "[[evaluator]]\nname = \"{name}\"\nkind = \"prm\"\nfamily = \"chat-lm\"\nmodel = \"fake\"\n{extra}\n"
+        ));
+    }
+    Config::parse(&text, "test config", &[]).expect("test config is valid")
+}
+
+/// A loader that builds fakes with `delay`, after `gate` lets it (to hold the server in loading).
+pub fn fake_loader(
+    delay: Duration,
+    counters: Arc<Counters>,
+    gate: Option<Arc<Semaphore>>,
+) -> EvaluatorLoader {
+    Arc::new(move |_cfg, _server| {
+        if let Some(g) = &gate {
+            let handle = tokio::runtime::Handle::current();
+            let permit = handle
+                .block_on(g.clone().acquire_owned())
+                .expect("gate open");
+            permit.forget();
+        }
+        let fake = Fake {
+            delay,
+            counters: counters.clone(),
+        };
+        Ok(Arc::new(fake) as Arc<dyn Evaluator>)
+    })
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    pub handle: JoinHandle<Result<(), retrace::ServeError>>,
+}
+
+impl TestServer {
+    pub async fn start(config: Config, loader: EvaluatorLoader) -> TestServer {
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics_addr) = (grpc.local_addr().unwrap(), metrics.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let listeners = retrace::Listeners {
+            grpc,
+            metrics: Some(metrics),
+        };
+        let handle = tokio::spawn(retrace::serve(config, loader, listeners, async {
+            let _ = stopped.await;
+        }));
+        TestServer {
+            addr,
+            metrics_addr,
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        let url = format!("http://{}", self.addr);
+        for _ in 0..100 {
+            if let Ok(c) = Channel::from_shared(url.clone()).unwrap().connect().await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("server at {url} never accepted a connection");
+    }
+
+    pub async fn client(&self) -> pb::evaluator_client::EvaluatorClient<Channel> {
+        pb::evaluator_client::EvaluatorClient::new(self.channel().await)
+    }
+
+    /// Waits until the server reports SERVING.
+    pub async fn ready(&self) {
+        let mut health = tonic_health::pb::health_client::HealthClient::new(self.channel().await);
+        for _ in 0..250 {
+            let r = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await;
+            if r.is_ok_and(|r| r.into_inner().status == 1) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("server never became SERVING");
+    }
+
+    pub async fn stop(mut self) -> Result<(), retrace::ServeError> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.handle.await.expect("server task")
+    }
+
+    pub fn begin_stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+
+    /// GETs /metrics over plain HTTP/1.0.
+    pub async fn scrape(&self) -> String {
+        scrape(self.metrics_addr).await
+    }
+}
+
+pub async fn scrape(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    assert!(
+        body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
+        "{body}"
+    );
+    body
+}
+
+/// The value of the first sample line that starts with `prefix` (name plus labels), if any.
+pub fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+pub fn steps_trace(question: &str, steps: &[&str]) -> pb::Trace {
+    pb::Trace {
+        question: question.into(),
+        steps: steps.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+pub fn request(id: &str, evaluator: &str, trace: pb::Trace) -> pb::EvaluateRequest {
+    pb::EvaluateRequest {
+        id: id.into(),
+        evaluator: evaluator.into(),
+        trace: Some(trace),
+        threshold: None,
+    }
+}

@@ -1,0 +1,584 @@
+//! Integration tests for the gRPC service with fake evaluators: every RPC, bad input, health,
+//! reflection, metrics, overload, deadlines, stream cancellation and auth.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use retrace::api::pb;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tonic::Code;
+
+const MS: Duration = Duration::from_millis(1);
+
+async fn quick_server(
+    evaluators: &[(&str, &str)],
+    server_extra: &str,
+) -> (TestServer, Arc<Counters>) {
+    let counters = Arc::new(Counters::default());
+    let s = TestServer::start(
+        config(server_extra, evaluators),
+        fake_loader(MS, counters.clone(), None),
+    )
+    .await;
+    s.ready().await;
+    (s, counters)
+}
+
+#[tokio::test]
+async fn evaluate_steps_and_text() {
+    let (s, _) = quick_server(
+        &[("a", ""), ("b", "threshold = 0.95\naggregate = \"mean\"")],
+        "",
+    )
+    .await;
+    let mut c = s.client().await;
+
+    let r = c
+        .evaluate(request(
+            "r1",
+            "",
+            steps_trace("2+2?", &["2+2=4", "so wrong 5", "answer 5"]),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.id, "r1");
+    assert_eq!(r.evaluator, "a");
+    assert_eq!(r.first_error_index, 1);
+    assert_eq!(r.category, pb::ErrorCategory::Unspecified as i32);
+    assert_eq!(
+        r.steps.iter().map(|s| s.score).collect::<Vec<_>>(),
+        vec![0.9, 0.1, 0.9]
+    );
+    assert!((r.trace_score - 0.1).abs() < 1e-6);
+    assert_eq!(r.threshold, 0.5);
+    let t = r.timing.unwrap();
+    assert!(t.total_s >= t.queue_s && t.total_s > 0.0);
+
+    // Raw text is segmented and offsets point into it.
+    let text = "Add them.\n\n2+2 = 4.\n\nThe answer is 4.";
+    let trace = pb::Trace {
+        question: "2+2?".into(),
+        text: text.into(),
+        ..Default::default()
+    };
+    let r = c
+        .evaluate(request("r2", "b", trace))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.evaluator, "b");
+    assert_eq!(r.steps.len(), 3);
+    for st in &r.steps {
+        assert_eq!(&text[st.start as usize..st.end as usize], st.text);
+    }
+    // threshold 0.95 from config: every 0.9 step is an error.
+    assert_eq!(r.first_error_index, 0);
+    assert!((r.trace_score - 0.9).abs() < 1e-6, "mean aggregate");
+
+    // Per-request threshold override; all steps hold -> -1 and NONE.
+    let mut req = request("r3", "b", steps_trace("q", &["fine", "fine"]));
+    req.threshold = Some(0.5);
+    let r = c.evaluate(req).await.unwrap().into_inner();
+    assert_eq!(r.first_error_index, -1);
+    assert_eq!(r.category, pb::ErrorCategory::None as i32);
+    assert_eq!(r.threshold, 0.5);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_input_is_invalid_argument_naming_the_field() {
+    let (s, _) = quick_server(&[("a", "max_steps = 3")], "max_trace_bytes = 200").await;
+    let mut c = s.client().await;
+    let mut bad_threshold = request("x", "", steps_trace("q", &["s"]));
+    bad_threshold.threshold = Some(1.5);
+    let cases = vec![
+        (request("x", "", steps_trace("", &["s"])), "trace.question"),
+        (request("x", "", steps_trace("q", &[])), "trace.steps"),
+        (
+            request("x", "", steps_trace("q", &["ok", "  "])),
+            "trace.steps[1]",
+        ),
+        (
+            request("x", "", steps_trace("q", &["1", "2", "3", "4"])),
+            "trace.steps",
+        ),
+        (
+            request("x", "", steps_trace("q", &[&"x".repeat(300)])),
+            "trace: 301 bytes",
+        ),
+        (request("x", "nope", steps_trace("q", &["s"])), "evaluator"),
+        (bad_threshold, "threshold"),
+        (
+            pb::EvaluateRequest {
+                id: "x".into(),
+                ..Default::default()
+            },
+            "trace",
+        ),
+    ];
+    for (req, field) in cases {
+        let status = c.evaluate(req.clone()).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{req:?}: {status:?}");
+        assert!(
+            status.message().starts_with(field),
+            "want {field:?}, got {:?}",
+            status.message()
+        );
+    }
+    // Rank with no candidates, and a candidate carrying its own question.
+    let status = c
+        .rank(pb::RankRequest {
+            question: "q".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("candidates"),
+        "{}",
+        status.message()
+    );
+    let status = c
+        .rank(pb::RankRequest {
+            question: "q".into(),
+            candidates: vec![steps_trace("other", &["s"])],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        status.message().starts_with("candidates[0]"),
+        "{}",
+        status.message()
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn rank_orders_by_trace_score_and_list_describes() {
+    let (s, _) = quick_server(
+        &[("a", ""), ("b", "threshold = 0.3\nmax_steps = 9")],
+        "default_evaluator = \"b\"",
+    )
+    .await;
+    let mut c = s.client().await;
+    let r = c
+        .rank(pb::RankRequest {
+            id: "rank1".into(),
+            question: "q".into(),
+            candidates: vec![
+                steps_trace("", &["wrong start", "fine"]),
+                steps_trace("", &["fine", "fine"]),
+                pb::Trace {
+                    text: "fine\n\nwrong end".into(),
+                    ..Default::default()
+                },
+                steps_trace("", &["fine"]),
+            ],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.id, "rank1");
+    assert_eq!(r.evaluator, "b");
+    let order: Vec<u32> = r.ranked.iter().map(|c| c.index).collect();
+    assert_eq!(
+        order,
+        vec![1, 3, 0, 2],
+        "best first; ties keep request order"
+    );
+    let v = r.ranked[2].verdict.as_ref().unwrap();
+    assert_eq!(v.first_error_index, 0);
+
+    let list = c
+        .list_evaluators(pb::ListEvaluatorsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.evaluators.len(), 2);
+    let b = &list.evaluators[1];
+    assert_eq!(
+        (b.name.as_str(), b.kind.as_str(), b.family.as_str()),
+        ("b", "prm", "fake")
+    );
+    assert_eq!(
+        (b.threshold, b.max_steps, b.ready, b.is_default),
+        (0.3, 9, true, true)
+    );
+    assert_eq!(b.aggregate, "min");
+    assert!(!list.evaluators[0].is_default);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn stream_answers_many_in_flight_by_id() {
+    let counters = Arc::new(Counters::default());
+    let loader = fake_loader(Duration::from_millis(30), counters.clone(), None);
+    let s = TestServer::start(config("", &[("a", "")]), loader).await;
+    s.ready().await;
+    let mut c = s.client().await;
+    let n = 20;
+    let mut reqs: Vec<pb::EvaluateRequest> = (0..n)
+        .map(|i| {
+            request(
+                &format!("id-{i}"),
+                "",
+                steps_trace("q", &["fine", if i % 2 == 0 { "wrong" } else { "fine" }]),
+            )
+        })
+        .collect();
+    reqs.push(request("bad", "", steps_trace("q", &[" "])));
+    let started = std::time::Instant::now();
+    let mut out = c
+        .evaluate_stream(futures::stream::iter(reqs))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = std::collections::HashMap::new();
+    while let Some(r) = out.next().await {
+        let r = r.unwrap();
+        seen.insert(r.id.clone(), r);
+    }
+    // 20 jobs of 30 ms each finished together: they ran concurrently, not one after another.
+    assert!(
+        started.elapsed() < Duration::from_millis(30 * n / 2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(seen.len(), n as usize + 1);
+    for i in 0..n {
+        let r = &seen[&format!("id-{i}")];
+        assert_eq!(r.first_error_index, if i % 2 == 0 { 1 } else { -1 });
+        assert!(r.error.is_none());
+    }
+    let bad = seen["bad"]
+        .error
+        .as_ref()
+        .expect("error carried in the stream");
+    assert_eq!(bad.code, Code::InvalidArgument as i32);
+    assert!(bad.message.starts_with("trace.steps[0]"));
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn closing_a_stream_cancels_queued_work() {
+    let counters = Arc::new(Counters::default());
+    let loader = fake_loader(Duration::from_millis(300), counters.clone(), None);
+    let s = TestServer::start(config("", &[("a", "max_concurrency = 1")]), loader).await;
+    s.ready().await;
+    let mut c = s.client().await;
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    for i in 0..10 {
+        tx.send(request(&format!("{i}"), "", steps_trace("q", &["s"])))
+            .await
+            .unwrap();
+    }
+    let out = c
+        .evaluate_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap();
+    // Wait until the first job reached the model and the rest queue behind it.
+    for _ in 0..100 {
+        if counters.started() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let depth = sample(
+        &s.scrape().await,
+        "retrace_queue_depth",
+        &[("evaluator", "a")],
+    );
+    assert_eq!(depth, Some(9.0));
+    drop(out);
+    drop(tx);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        counters.started(),
+        1,
+        "queued jobs must not reach the model after the stream closed"
+    );
+    let depth = sample(
+        &s.scrape().await,
+        "retrace_queue_depth",
+        &[("evaluator", "a")],
+    );
+    assert_eq!(depth, Some(0.0));
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn overload_is_refused_at_once() {
+    let counters = Arc::new(Counters::default());
+    let loader = fake_loader(Duration::from_millis(500), counters.clone(), None);
+    let s = TestServer::start(config("max_in_flight = 2", &[("ov", "")]), loader).await;
+    s.ready().await;
+    let c = s.client().await;
+    let slow: Vec<_> = (0..2)
+        .map(|i| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                c.evaluate(request(&format!("{i}"), "", steps_trace("q", &["s"])))
+                    .await
+            })
+        })
+        .collect();
+    while counters.started() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let metrics = s.scrape().await;
+    assert_eq!(
+        sample(&metrics, "retrace_in_flight_requests", &[]),
+        Some(2.0),
+        "{metrics}"
+    );
+    let t = std::time::Instant::now();
+    let status = c
+        .clone()
+        .evaluate(request("x", "", steps_trace("q", &["s"])))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        t.elapsed() < Duration::from_millis(250),
+        "refused without waiting"
+    );
+    // Rank needs one slot per candidate, all or none.
+    let status = c
+        .clone()
+        .rank(pb::RankRequest {
+            question: "q".into(),
+            candidates: vec![steps_trace("", &["s"]); 2],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    for h in slow {
+        h.await.unwrap().unwrap();
+    }
+    let metrics = s.scrape().await;
+    assert_eq!(
+        sample(&metrics, "retrace_in_flight_requests", &[]),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "retrace_requests_total",
+            &[
+                ("rpc", "Evaluate"),
+                ("evaluator", "ov"),
+                ("outcome", "resource_exhausted")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "retrace_requests_total",
+            &[("rpc", "Evaluate"), ("evaluator", "ov"), ("outcome", "ok")]
+        ),
+        Some(2.0)
+    );
+    assert!(
+        metrics.contains(
+            "retrace_request_duration_seconds_bucket{rpc=\"Evaluate\",evaluator=\"ov\",le=\"0.5\"}"
+        ),
+        "{metrics}"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn deadline_drops_queued_work_before_the_model() {
+    let counters = Arc::new(Counters::default());
+    let loader = fake_loader(Duration::from_millis(400), counters.clone(), None);
+    let s = TestServer::start(config("", &[("dl", "max_concurrency = 1")]), loader).await;
+    s.ready().await;
+    let c = s.client().await;
+    let first = {
+        let mut c = c.clone();
+        tokio::spawn(async move { c.evaluate(request("1", "", steps_trace("q", &["s"]))).await })
+    };
+    while counters.started() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The header alone, so that the server (not the client's own timer) enforces it.
+    let mut req = tonic::Request::new(request("2", "", steps_trace("q", &["s"])));
+    req.metadata_mut()
+        .insert("grpc-timeout", "100m".parse().unwrap());
+    let status = c.clone().evaluate(req).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    first.await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        counters.started(),
+        1,
+        "the expired request never reached the model"
+    );
+    // A deadline that passes while the model runs also ends the request.
+    let mut req = tonic::Request::new(request("3", "", steps_trace("q", &["s"])));
+    req.metadata_mut()
+        .insert("grpc-timeout", "100m".parse().unwrap());
+    assert_eq!(
+        c.clone().evaluate(req).await.unwrap_err().code(),
+        Code::DeadlineExceeded
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn health_follows_loading_and_shutdown_and_reflection_lists_services() {
+    let gate = Arc::new(Semaphore::new(0));
+    let counters = Arc::new(Counters::default());
+    let mut s = TestServer::start(
+        config("", &[("h", "")]),
+        fake_loader(MS, counters, Some(gate.clone())),
+    )
+    .await;
+    let channel = s.channel().await;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let check = |service: &str| tonic_health::pb::HealthCheckRequest {
+        service: service.into(),
+    };
+    for svc in ["", "retrace.v1.Evaluator"] {
+        assert_eq!(
+            health.check(check(svc)).await.unwrap().into_inner().status,
+            2,
+            "NOT_SERVING while loading"
+        );
+    }
+    let mut c = pb::evaluator_client::EvaluatorClient::new(channel.clone());
+    let status = c
+        .evaluate(request("x", "", steps_trace("q", &["s"])))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    let list = c
+        .list_evaluators(pb::ListEvaluatorsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!list.evaluators[0].ready);
+
+    let mut watch = health
+        .watch(check("retrace.v1.Evaluator"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(watch.next().await.unwrap().unwrap().status, 2);
+    gate.add_permits(1);
+    assert_eq!(
+        watch.next().await.unwrap().unwrap().status,
+        1,
+        "SERVING once loaded"
+    );
+    assert_eq!(
+        health.check(check("")).await.unwrap().into_inner().status,
+        1
+    );
+
+    // Reflection v1 and v1alpha list the services.
+    use tonic_reflection::pb::{v1, v1alpha};
+    let mut r1 = v1::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let req = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut resp = r1
+        .server_reflection_info(futures::stream::iter([req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(l)) =
+        resp.next().await.unwrap().unwrap().message_response
+    else {
+        panic!("expected a service list")
+    };
+    let names: Vec<_> = l.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"retrace.v1.Evaluator") && names.contains(&"grpc.health.v1.Health"),
+        "{names:?}"
+    );
+    let mut ra = v1alpha::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let req = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "retrace.v1.Evaluator".into(),
+            ),
+        ),
+    };
+    let mut resp = ra
+        .server_reflection_info(futures::stream::iter([req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let msg = resp
+        .next()
+        .await
+        .unwrap()
+        .unwrap()
+        .message_response
+        .unwrap();
+    assert!(matches!(
+        msg,
+        v1alpha::server_reflection_response::MessageResponse::FileDescriptorResponse(_)
+    ));
+
+    s.begin_stop();
+    assert_eq!(
+        watch.next().await.unwrap().unwrap().status,
+        2,
+        "NOT_SERVING once shutdown begins"
+    );
+    // An open Watch stream would hold the drain for the whole grace period.
+    drop((watch, health, c, r1, ra, channel));
+    tokio::time::timeout(Duration::from_secs(5), s.handle)
+        .await
+        .expect("drained")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn bearer_auth_guards_the_evaluator_but_not_health() {
+    // SAFETY: this test binary sets the variable once, before any server reads it.
+    unsafe { std::env::set_var("RETRACE_TEST_TOKENS", "tok-env") };
+    let (s, _) = quick_server(
+        &[("a", "")],
+        "auth_tokens = [\"tok-file\"]\nauth_tokens_env = \"RETRACE_TEST_TOKENS\"",
+    )
+    .await;
+    let mut c = s.client().await;
+    let status = c
+        .evaluate(request("x", "", steps_trace("q", &["s"])))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    for token in ["tok-file", "tok-env"] {
+        let mut req = tonic::Request::new(request("x", "", steps_trace("q", &["s"])));
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        c.evaluate(req).await.unwrap();
+    }
+    let mut req = tonic::Request::new(pb::ListEvaluatorsRequest {});
+    req.metadata_mut()
+        .insert("authorization", "Bearer nope".parse().unwrap());
+    assert_eq!(
+        c.list_evaluators(req).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    s.ready().await; // health is open without a token
+    s.stop().await.unwrap();
+}
