@@ -86,7 +86,6 @@ pub struct EvaluatorConfig {
     pub max_batch_tokens: Option<usize>,
     pub max_batch_size: Option<usize>,
     pub max_wait_ms: Option<u64>,
-    pub max_queue: Option<usize>,
     // judge
     pub base_url: Option<String>,
     pub api_key_env: Option<String>,
@@ -398,7 +397,6 @@ impl EvaluatorConfig {
             max_batch_tokens: None,
             max_batch_size: None,
             max_wait_ms: None,
-            max_queue: None,
             base_url: None,
             api_key_env: None,
             temperature: None,
@@ -420,14 +418,13 @@ impl EvaluatorConfig {
 
     /// Kind-specific keys that are set.
     fn present_keys(&self) -> Vec<&'static str> {
-        let flags: [(&'static str, bool); 22] = [
+        let flags: [(&'static str, bool); 21] = [
             ("family", self.family.is_some()),
             ("device", self.device.is_some()),
             ("dtype", self.dtype.is_some()),
             ("max_batch_tokens", self.max_batch_tokens.is_some()),
             ("max_batch_size", self.max_batch_size.is_some()),
             ("max_wait_ms", self.max_wait_ms.is_some()),
-            ("max_queue", self.max_queue.is_some()),
             ("base_url", self.base_url.is_some()),
             ("api_key_env", self.api_key_env.is_some()),
             ("temperature", self.temperature.is_some()),
@@ -469,7 +466,6 @@ fn key_applies(kind: Kind, key: &str) -> bool {
         "max_batch_tokens",
         "max_batch_size",
         "max_wait_ms",
-        "max_queue",
     ];
     const JUDGE: &[&str] = &[
         "model",

@@ -1,22 +1,191 @@
 //! Process reward models on candle: checkpoint loading, the decoder, heads, per-family input
-//! formatting, and the batching model thread.
+//! formatting, and the batching model thread, behind the engine's `Evaluator` trait.
 
+mod batcher;
 mod decoder;
+pub mod format;
 mod head;
 pub mod model;
 mod model_config;
+mod template;
+
+pub use batcher::{BatchError, Budget, next_batch};
 
 use crate::config::{EvaluatorConfig, ServerConfig};
-use crate::engine::{EngineError, Evaluator};
+use crate::engine::{Description, EngineError, Evaluator, Job};
+use crate::metrics;
+use crate::trace::Judgement;
+use batcher::Batcher;
+use candle_core::DType;
+use format::{Family, FormatError, Formatter};
+use futures::future::BoxFuture;
+use model::{ModelError, PrmModel};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-/// Loads the PRM an `[[evaluator]]` table describes.
+/// Defaults for the batching keys of a `prm` evaluator.
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 8192;
+pub const DEFAULT_MAX_BATCH_SIZE: usize = 32;
+pub const DEFAULT_MAX_WAIT_MS: u64 = 2;
+
+/// The PRM layer's errors; `From<PrmError> for EngineError` is their one exit.
+#[derive(Debug, thiserror::Error)]
+pub enum PrmError {
+    #[error("evaluator {name:?}: {message}")]
+    Load { name: String, message: String },
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error(
+        "trace: {tokens} tokens exceed the model's context of {limit} tokens (max_position_embeddings)"
+    )]
+    TooLong { tokens: usize, limit: usize },
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+}
+
+impl From<PrmError> for EngineError {
+    fn from(e: PrmError) -> Self {
+        match e {
+            PrmError::Format(FormatError::Step { step, message }) => {
+                EngineError::invalid(format!("trace.steps[{step}]"), message)
+            }
+            PrmError::Format(FormatError::Trace(message)) => EngineError::invalid("trace", message),
+            e @ PrmError::TooLong { .. } => {
+                let message = e.to_string();
+                EngineError::invalid("trace", message.trim_start_matches("trace: "))
+            }
+            PrmError::Batch(BatchError::QueueFull(n)) => {
+                EngineError::Overloaded(format!("the model's queue is full ({n} requests)"))
+            }
+            PrmError::Batch(BatchError::Stopped) => {
+                EngineError::Unavailable("the model thread has stopped".into())
+            }
+            PrmError::Batch(BatchError::Deadline) => {
+                EngineError::DeadlineExceeded("queued for the model past the deadline".into())
+            }
+            PrmError::Batch(e @ BatchError::Model(_)) => EngineError::Internal(e.to_string()),
+            PrmError::Load { .. } => EngineError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+/// A PRM evaluator: formatter on the caller's task, model on its own thread.
+pub struct PrmEvaluator {
+    name: String,
+    family: Family,
+    folder: PathBuf,
+    formatter: Formatter,
+    max_tokens: usize,
+    batcher: Batcher,
+}
+
+/// Loads the PRM an `[[evaluator]]` table describes (runs on a blocking thread).
 pub fn load(
     cfg: &EvaluatorConfig,
     _server: &ServerConfig,
 ) -> Result<Arc<dyn Evaluator>, EngineError> {
-    Err(EngineError::Unavailable(format!(
-        "evaluator {:?}: PRM loading is not built yet",
-        cfg.name
-    )))
+    Ok(Arc::new(
+        PrmEvaluator::load(cfg).map_err(EngineError::from)?,
+    ))
+}
+
+impl PrmEvaluator {
+    pub fn load(cfg: &EvaluatorConfig) -> Result<PrmEvaluator, PrmError> {
+        let fail = |message: String| PrmError::Load {
+            name: cfg.name.clone(),
+            message,
+        };
+        let family_name = cfg.family.as_deref().unwrap_or_default();
+        let family = Family::parse(family_name)
+            .ok_or_else(|| fail(format!("unknown family {family_name:?}")))?;
+        let folder = PathBuf::from(cfg.model.as_deref().unwrap_or_default());
+        if !folder.is_dir() {
+            return Err(fail(format!(
+                "model folder {} does not exist (for the embedded default, run scripts/fetch-smollm2.sh)",
+                folder.display()
+            )));
+        }
+        let device_name = cfg.device.as_deref().unwrap_or("cpu");
+        let device = model::device_from_str(device_name).map_err(|e| fail(e.to_string()))?;
+        let dtype = match cfg.dtype.as_deref() {
+            None if device.is_cpu() => DType::F32,
+            None => DType::BF16,
+            Some("f32") => DType::F32,
+            Some("bf16") => DType::BF16,
+            Some("f16") => DType::F16,
+            Some(other) => {
+                return Err(fail(format!(
+                    "dtype {other:?} is not one of f32, bf16, f16"
+                )));
+            }
+        };
+        let formatter = Formatter::load(family, &folder).map_err(fail)?;
+        let model = PrmModel::load(&folder, formatter.head_spec(), &device, dtype)
+            .map_err(|e: ModelError| fail(e.to_string()))?;
+        let budget = Budget {
+            max_batch_tokens: cfg.max_batch_tokens.unwrap_or(DEFAULT_MAX_BATCH_TOKENS),
+            max_batch_size: cfg.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH_SIZE).max(1),
+            max_wait: Duration::from_millis(cfg.max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS)),
+        };
+        let max_tokens = model.max_positions();
+        // The engine's gate admits at most max_concurrency jobs, so the queue never needs more.
+        let batcher = Batcher::spawn(&cfg.name, model, budget, cfg.max_concurrency)
+            .map_err(|e| fail(format!("cannot start the model thread: {e}")))?;
+        Ok(PrmEvaluator {
+            name: cfg.name.clone(),
+            family,
+            folder,
+            formatter,
+            max_tokens,
+            batcher,
+        })
+    }
+
+    pub fn folder(&self) -> &Path {
+        &self.folder
+    }
+}
+
+impl Evaluator for PrmEvaluator {
+    fn describe(&self) -> Description {
+        Description {
+            kind: "prm".into(),
+            family: self.family.as_str().into(),
+            model: self.folder.display().to_string(),
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.batcher.alive()
+    }
+
+    fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let encoded = self.formatter.encode(&job.trace).map_err(PrmError::from)?;
+            metrics::record_stage(&self.name, metrics::Stage::Tokenize, started.elapsed());
+            if encoded.ids.len() > self.max_tokens {
+                return Err(PrmError::TooLong {
+                    tokens: encoded.ids.len(),
+                    limit: self.max_tokens,
+                }
+                .into());
+            }
+            let deadline = job.deadline.map(|d| d.into_std());
+            let reply = self
+                .batcher
+                .submit(encoded, deadline)
+                .map_err(PrmError::from)?;
+            // Dropping this future drops `reply`, which the model thread sees before running it.
+            let scored = reply
+                .await
+                .map_err(|_| PrmError::Batch(BatchError::Stopped))?
+                .map_err(PrmError::from)?;
+            let mut judgement = Judgement::from_scores(scored.scores, job.threshold);
+            judgement.queued = scored.queued;
+            judgement.inference = scored.inference;
+            Ok(judgement)
+        })
+    }
 }

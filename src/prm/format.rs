@@ -1,0 +1,373 @@
+//! Each PRM family's input format (docs/prm-formats.md): a trace becomes token ids plus the
+//! positions where each step's score is read. Byte-exact strings, the model's own tokenizer.
+
+use super::model::HeadSpec;
+use super::template::{ChatTemplate, Message, special_token};
+use crate::trace::Trace;
+use std::path::Path;
+use tokenizers::Tokenizer;
+
+/// qwen2-math-prm's system prompt, as in the model card.
+const QWEN_SYSTEM: &str = "Please reason step by step, and put your final answer within \\boxed{}.";
+const QWEN_STEP_TAG: &str = "<extra_0>";
+const SHEPHERD_STEP_TAG: &str = "ки";
+/// chat-lm's instruction to a general chat model.
+pub const CHAT_LM_INSTRUCTION: &str = "You check a solution to a problem one step at a time. After each step, reply with a single character: + if the step is correct, - if it contains an error.";
+const CHAT_LM_REFERENCE: &str = "\n\nReference answer (use it only to check the steps): ";
+/// Stands in for each assistant "+" while rendering, so its place in the text is known exactly.
+const SENTINEL: &str = "\u{E000}";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    QwenMathPrm,
+    Skywork,
+    MathShepherd,
+    Rlhflow,
+    ChatLm,
+}
+
+/// A trace ready for the model: ids, and one read position per step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encoded {
+    pub ids: Vec<u32>,
+    pub positions: Vec<usize>,
+}
+
+/// Why a trace can't be formatted; `step` names the culprit when one step is.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FormatError {
+    #[error("trace.steps[{step}]: {message}")]
+    Step { step: usize, message: String },
+    #[error("{0}")]
+    Trace(String),
+}
+
+/// Formats traces for one checkpoint.
+pub struct Formatter {
+    family: Family,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    bos_token: Option<String>,
+    /// The id scores are read at (qwen2-math-prm, math-shepherd) or after (skywork: "\n").
+    tag_id: u32,
+    plus_id: u32,
+    minus_id: u32,
+}
+
+impl Family {
+    pub fn parse(name: &str) -> Option<Family> {
+        Some(match name {
+            "qwen2-math-prm" => Family::QwenMathPrm,
+            "skywork-prm" => Family::Skywork,
+            "math-shepherd" => Family::MathShepherd,
+            "rlhflow" => Family::Rlhflow,
+            "chat-lm" => Family::ChatLm,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::QwenMathPrm => "qwen2-math-prm",
+            Family::Skywork => "skywork-prm",
+            Family::MathShepherd => "math-shepherd",
+            Family::Rlhflow => "rlhflow",
+            Family::ChatLm => "chat-lm",
+        }
+    }
+}
+
+/// The question as every family sees it: options appended as "(A) text" lines.
+pub fn question_text(trace: &Trace) -> String {
+    let mut q = trace.question.clone();
+    if !trace.options.is_empty() {
+        q.push_str("\n\nOptions:");
+        for (i, option) in trace.options.iter().enumerate() {
+            let letter = char::from(b'A' + (i % 26) as u8);
+            q.push_str(&format!("\n({letter}) {option}"));
+        }
+    }
+    q
+}
+
+impl Formatter {
+    /// Reads `tokenizer.json` and `tokenizer_config.json` from `folder`.
+    pub fn load(family: Family, folder: &Path) -> Result<Formatter, String> {
+        let tokenizer_path = folder.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| format!("{}: {e}", tokenizer_path.display()))?;
+        let config_path = folder.join("tokenizer_config.json");
+        let config: serde_json::Value = match std::fs::read_to_string(&config_path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map_err(|e| format!("{}: {e}", config_path.display()))?,
+            Err(e) => return Err(format!("{}: {e}", config_path.display())),
+        };
+        let template = ChatTemplate::from_config(&config)
+            .map_err(|e| format!("{}: {e}", config_path.display()))?;
+        let needs_template = matches!(
+            family,
+            Family::QwenMathPrm | Family::Rlhflow | Family::ChatLm
+        );
+        if needs_template && template.is_none() {
+            return Err(format!(
+                "{}: family {} needs a chat_template",
+                config_path.display(),
+                family.as_str()
+            ));
+        }
+        let bos_token = special_token(&config, "bos_token");
+        if family == Family::Skywork && bos_token.is_none() {
+            return Err(format!(
+                "{}: family skywork-prm needs a bos_token",
+                config_path.display()
+            ));
+        }
+        let mut f = Formatter {
+            family,
+            tokenizer,
+            template,
+            bos_token,
+            tag_id: 0,
+            plus_id: 0,
+            minus_id: 0,
+        };
+        f.plus_id = f.last_id("+", false)?;
+        f.minus_id = f.last_id("-", false)?;
+        f.tag_id = match family {
+            Family::QwenMathPrm => f
+                .tokenizer
+                .token_to_id(QWEN_STEP_TAG)
+                .ok_or_else(|| format!("{}: no {QWEN_STEP_TAG} token", tokenizer_path.display()))?,
+            Family::Skywork => f.last_id("\n", false)?,
+            Family::MathShepherd => f.last_id(SHEPHERD_STEP_TAG, true)?,
+            Family::Rlhflow | Family::ChatLm => 0,
+        };
+        Ok(f)
+    }
+
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    /// The head this family reads.
+    pub fn head_spec(&self) -> HeadSpec {
+        match self.family {
+            Family::QwenMathPrm => HeadSpec::QwenScore,
+            Family::Skywork => HeadSpec::ValueHead,
+            _ => HeadSpec::LmPair {
+                plus: self.plus_id,
+                minus: self.minus_id,
+            },
+        }
+    }
+
+    fn encode_ids(&self, text: &str, special: bool) -> Result<Vec<u32>, String> {
+        self.tokenizer
+            .encode(text, special)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| format!("tokenizing: {e}"))
+    }
+
+    fn last_id(&self, text: &str, special: bool) -> Result<u32, String> {
+        self.encode_ids(text, special)?
+            .last()
+            .copied()
+            .ok_or_else(|| format!("the tokenizer encodes {text:?} to nothing"))
+    }
+
+    /// Formats a trace into ids and one read position per step.
+    pub fn encode(&self, trace: &Trace) -> Result<Encoded, FormatError> {
+        let q = question_text(trace);
+        let steps: Vec<&str> = trace.step_texts().collect();
+        match self.family {
+            Family::QwenMathPrm => self.qwen(&q, &steps),
+            Family::Skywork => self.skywork(&q, &steps),
+            Family::MathShepherd => self.shepherd(&q, &steps),
+            Family::Rlhflow => {
+                let mut messages = Vec::new();
+                for (k, s) in steps.iter().enumerate() {
+                    let content = if k == 0 {
+                        format!("{q} {s}")
+                    } else {
+                        s.to_string()
+                    };
+                    messages.push(Message {
+                        role: "user",
+                        content,
+                    });
+                    messages.push(Message {
+                        role: "assistant",
+                        content: SENTINEL.into(),
+                    });
+                }
+                self.conversation(&messages, steps.len())
+            }
+            Family::ChatLm => {
+                let mut system = CHAT_LM_INSTRUCTION.to_string();
+                if let Some(r) = &trace.reference_answer {
+                    system.push_str(CHAT_LM_REFERENCE);
+                    system.push_str(r);
+                }
+                let mut messages = vec![Message {
+                    role: "system",
+                    content: system,
+                }];
+                for (k, s) in steps.iter().enumerate() {
+                    let content = if k == 0 {
+                        format!("Question: {q}\n\nStep: {s}")
+                    } else {
+                        format!("Step: {s}")
+                    };
+                    messages.push(Message {
+                        role: "user",
+                        content,
+                    });
+                    messages.push(Message {
+                        role: "assistant",
+                        content: SENTINEL.into(),
+                    });
+                }
+                self.conversation(&messages, steps.len())
+            }
+        }
+    }
+
+    fn template(&self) -> &ChatTemplate {
+        self.template
+            .as_ref()
+            .expect("checked at load for families that render one")
+    }
+
+    fn qwen(&self, q: &str, steps: &[&str]) -> Result<Encoded, FormatError> {
+        forbid(steps, QWEN_STEP_TAG)?;
+        let mut answer = steps.join(QWEN_STEP_TAG);
+        answer.push_str(QWEN_STEP_TAG);
+        let messages = [
+            Message {
+                role: "system",
+                content: QWEN_SYSTEM.into(),
+            },
+            Message {
+                role: "user",
+                content: q.into(),
+            },
+            Message {
+                role: "assistant",
+                content: answer,
+            },
+        ];
+        let text = self
+            .template()
+            .render(&messages, false)
+            .map_err(FormatError::Trace)?;
+        let ids = self.encode_ids(&text, false).map_err(FormatError::Trace)?;
+        self.tagged(ids, steps.len())
+    }
+
+    fn skywork(&self, q: &str, steps: &[&str]) -> Result<Encoded, FormatError> {
+        let bos = self.bos_token.as_deref().unwrap_or_default();
+        let mut ids = self
+            .encode_ids(&format!("{bos}{q}\n"), false)
+            .map_err(FormatError::Trace)?;
+        let mut positions = Vec::with_capacity(steps.len());
+        for (i, s) in steps.iter().enumerate() {
+            let step_ids = self
+                .encode_ids(s, false)
+                .map_err(|message| FormatError::Step { step: i, message })?;
+            ids.extend(step_ids);
+            positions.push(ids.len());
+            ids.push(self.tag_id);
+        }
+        Ok(Encoded { ids, positions })
+    }
+
+    fn shepherd(&self, q: &str, steps: &[&str]) -> Result<Encoded, FormatError> {
+        forbid(steps, SHEPHERD_STEP_TAG)?;
+        let body: Vec<String> = steps
+            .iter()
+            .map(|s| format!("{s} {SHEPHERD_STEP_TAG}"))
+            .collect();
+        let text = format!("{q} {}", body.join("\n"));
+        let ids = self.encode_ids(&text, true).map_err(FormatError::Trace)?;
+        self.tagged(ids, steps.len())
+    }
+
+    /// Reads at every `tag_id`; there must be exactly one per step.
+    fn tagged(&self, ids: Vec<u32>, steps: usize) -> Result<Encoded, FormatError> {
+        let positions: Vec<usize> = (0..ids.len()).filter(|&i| ids[i] == self.tag_id).collect();
+        if positions.len() != steps {
+            return Err(FormatError::Trace(format!(
+                "the formatted trace has {} step tags for {steps} steps; the question may contain the tag",
+                positions.len()
+            )));
+        }
+        Ok(Encoded { ids, positions })
+    }
+
+    /// Renders a conversation whose assistant turns are `SENTINEL`, puts "+" in their place, and
+    /// reads each step at the token just before its "+".
+    fn conversation(&self, messages: &[Message], steps: usize) -> Result<Encoded, FormatError> {
+        for (i, m) in messages.iter().filter(|m| m.role == "user").enumerate() {
+            if m.content.contains(SENTINEL) {
+                return Err(FormatError::Step {
+                    step: i,
+                    message: "contains the character U+E000".into(),
+                });
+            }
+        }
+        let rendered = self
+            .template()
+            .render(messages, false)
+            .map_err(FormatError::Trace)?;
+        let mut text = String::with_capacity(rendered.len());
+        let mut plus_at = Vec::with_capacity(steps);
+        for (i, piece) in rendered.split(SENTINEL).enumerate() {
+            if i > 0 {
+                plus_at.push(text.len());
+                text.push('+');
+            }
+            text.push_str(piece);
+        }
+        if plus_at.len() != steps {
+            return Err(FormatError::Trace(format!(
+                "the chat template rendered {} assistant turns for {steps} steps",
+                plus_at.len()
+            )));
+        }
+        let encoding = self
+            .tokenizer
+            .encode(text.as_str(), false)
+            .map_err(|e| FormatError::Trace(format!("tokenizing: {e}")))?;
+        let (ids, offsets) = (encoding.get_ids(), encoding.get_offsets());
+        let mut positions = Vec::with_capacity(steps);
+        let mut t = 0;
+        for (step, &at) in plus_at.iter().enumerate() {
+            while t < offsets.len() && offsets[t].0 < at {
+                t += 1;
+            }
+            if t == 0 || t >= ids.len() || offsets[t] != (at, at + 1) || ids[t] != self.plus_id {
+                return Err(FormatError::Step {
+                    step,
+                    message: "the tokenizer merged the assistant's '+' with neighbouring text"
+                        .into(),
+                });
+            }
+            positions.push(t - 1);
+        }
+        Ok(Encoded {
+            ids: ids.to_vec(),
+            positions,
+        })
+    }
+}
+
+/// Refuses steps that contain a family's step tag: it would add a score the caller didn't ask for.
+fn forbid(steps: &[&str], tag: &str) -> Result<(), FormatError> {
+    match steps.iter().position(|s| s.contains(tag)) {
+        Some(step) => Err(FormatError::Step {
+            step,
+            message: format!("contains the step tag {tag:?}"),
+        }),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,233 @@
+//! PRM exactness: every family's formatting against the independent Python reference (tiny
+//! random checkpoints and the real tokenizers), scores to 1e-4, batched against unbatched, one
+//! score per step, and the error paths.
+
+use retrace::config::{EvaluatorConfig, Kind, default_cache_dir};
+use retrace::engine::{EngineError, Evaluator, Job};
+use retrace::prm::PrmEvaluator;
+use retrace::prm::format::{Family, Formatter};
+use retrace::trace::{Step, Trace};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const FAMILIES: &[&str] = &[
+    "qwen2-math-prm",
+    "skywork-prm",
+    "math-shepherd",
+    "rlhflow",
+    "chat-lm",
+];
+
+#[derive(Deserialize)]
+struct Fixture {
+    cases: Vec<Case>,
+    tokenizer_dir: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    id: String,
+    question: String,
+    #[serde(default)]
+    options: Vec<String>,
+    #[serde(default)]
+    reference_answer: Option<String>,
+    steps: Vec<String>,
+    input_ids: Vec<u32>,
+    score_positions: Vec<usize>,
+    #[serde(default)]
+    scores: Vec<f64>,
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read_fixture(path: &Path) -> Fixture {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn trace(c: &Case) -> Trace {
+    Trace {
+        question: c.question.clone(),
+        options: c.options.clone(),
+        steps: c
+            .steps
+            .iter()
+            .map(|s| Step {
+                text: s.clone(),
+                span: None,
+            })
+            .collect(),
+        reference_answer: c.reference_answer.clone().filter(|r| !r.is_empty()),
+    }
+}
+
+fn tiny(family: &str) -> PathBuf {
+    root().join("tests/fixtures/tiny").join(family)
+}
+
+fn evaluator(family: &str, folder: &Path, batch: usize) -> PrmEvaluator {
+    let mut cfg = EvaluatorConfig::new(family, Kind::Prm);
+    cfg.family = Some(family.into());
+    cfg.model = Some(folder.display().to_string());
+    cfg.max_batch_size = Some(batch);
+    cfg.max_wait_ms = Some(50);
+    PrmEvaluator::load(&cfg).unwrap_or_else(|e| panic!("{family}: {e}"))
+}
+
+fn job(t: &Trace) -> Job {
+    Job {
+        trace: Arc::new(t.clone()),
+        threshold: 0.5,
+        deadline: None,
+    }
+}
+
+#[test]
+fn tiny_fixtures_format_exactly() {
+    for family in FAMILIES {
+        let fixture = read_fixture(&tiny(family).join("expected.json"));
+        let f = Formatter::load(Family::parse(family).unwrap(), &tiny(family)).unwrap();
+        for c in &fixture.cases {
+            let e = f
+                .encode(&trace(c))
+                .unwrap_or_else(|e| panic!("{family} {}: {e}", c.id));
+            assert_eq!(e.ids, c.input_ids, "{family} {}: ids", c.id);
+            assert_eq!(
+                e.positions, c.score_positions,
+                "{family} {}: positions",
+                c.id
+            );
+        }
+    }
+}
+
+#[test]
+fn real_tokenizers_format_exactly() {
+    let cache = default_cache_dir();
+    for family in FAMILIES {
+        let fixture =
+            read_fixture(&root().join(format!("tests/fixtures/real-tokenizers/{family}.json")));
+        let dir = cache.join(fixture.tokenizer_dir.as_deref().expect("tokenizer_dir"));
+        assert!(
+            dir.is_dir(),
+            "{} is missing: run scripts/fetch-tokenizers.sh and scripts/fetch-smollm2.sh",
+            dir.display()
+        );
+        let f = Formatter::load(Family::parse(family).unwrap(), &dir).unwrap();
+        for c in &fixture.cases {
+            let e = f
+                .encode(&trace(c))
+                .unwrap_or_else(|e| panic!("{family} {}: {e}", c.id));
+            assert_eq!(e.ids, c.input_ids, "{family} {}: ids", c.id);
+            assert_eq!(
+                e.positions, c.score_positions,
+                "{family} {}: positions",
+                c.id
+            );
+            assert_eq!(e.positions.len(), c.steps.len());
+        }
+    }
+}
+
+#[tokio::test]
+async fn tiny_scores_match_the_reference_batched_and_not() {
+    for family in FAMILIES {
+        let fixture = read_fixture(&tiny(family).join("expected.json"));
+        let single = evaluator(family, &tiny(family), 1);
+        let batched = evaluator(family, &tiny(family), 16);
+        let traces: Vec<Trace> = fixture.cases.iter().map(trace).collect();
+        let mut alone = Vec::new();
+        for (c, t) in fixture.cases.iter().zip(&traces) {
+            let j = single.evaluate(job(t)).await.unwrap();
+            assert_eq!(
+                j.step_scores.len(),
+                c.steps.len(),
+                "{family} {}: one score per step",
+                c.id
+            );
+            for (got, want) in j.step_scores.iter().zip(&c.scores) {
+                assert!(
+                    (*got as f64 - want).abs() < 1e-4,
+                    "{family} {}: {got} vs {want}",
+                    c.id
+                );
+            }
+            alone.push(j.step_scores);
+        }
+        // All at once: the batcher packs them into one right-padded batch.
+        let together =
+            futures::future::join_all(traces.iter().map(|t| batched.evaluate(job(t)))).await;
+        for (j, a) in together.into_iter().zip(&alone) {
+            let j = j.unwrap();
+            for (x, y) in j.step_scores.iter().zip(a) {
+                assert!((x - y).abs() < 1e-5, "{family}: batched {x} vs alone {y}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn over_long_traces_and_tagged_steps_are_refused_by_field() {
+    let e = evaluator("chat-lm", &tiny("chat-lm"), 4);
+    let long = Trace {
+        question: "q".into(),
+        options: vec![],
+        steps: vec![Step {
+            text: "step ".repeat(5000),
+            span: None,
+        }],
+        reference_answer: None,
+    };
+    match e.evaluate(job(&long)).await {
+        Err(EngineError::Invalid { field, message }) => {
+            assert_eq!(field, "trace");
+            assert!(message.contains("exceed the model's context"), "{message}");
+        }
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+    let q = evaluator("qwen2-math-prm", &tiny("qwen2-math-prm"), 4);
+    let tagged = Trace {
+        question: "q".into(),
+        options: vec![],
+        steps: vec![
+            Step {
+                text: "a".into(),
+                span: None,
+            },
+            Step {
+                text: "b <extra_0>".into(),
+                span: None,
+            },
+        ],
+        reference_answer: None,
+    };
+    match q.evaluate(job(&tagged)).await {
+        Err(EngineError::Invalid { field, .. }) => assert_eq!(field, "trace.steps[1]"),
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+}
+
+#[test]
+fn load_errors_name_the_problem() {
+    let mut cfg = EvaluatorConfig::new("x", Kind::Prm);
+    cfg.family = Some("chat-lm".into());
+    cfg.model = Some("/nonexistent/model".into());
+    let err = PrmEvaluator::load(&cfg).err().unwrap().to_string();
+    assert!(
+        err.contains("/nonexistent/model") && err.contains("does not exist"),
+        "{err}"
+    );
+    cfg.model = Some(tiny("chat-lm").display().to_string());
+    cfg.dtype = Some("f64".into());
+    let err = PrmEvaluator::load(&cfg).err().unwrap().to_string();
+    assert!(err.contains("dtype \"f64\""), "{err}");
+    // A family whose format needs what the checkpoint lacks.
+    cfg.dtype = None;
+    cfg.family = Some("qwen2-math-prm".into());
+    let err = PrmEvaluator::load(&cfg).err().unwrap().to_string();
+    assert!(err.contains("<extra_0>"), "{err}");
+}

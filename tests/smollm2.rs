@@ -1,0 +1,207 @@
+//! The real model end to end: SmolLM2-135M-Instruct (fetched by scripts/fetch-smollm2.sh) served
+//! as the embedded `chat-lm` default, over gRPC, from the `retrace` binary itself.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use retrace::api::pb;
+use serde::Deserialize;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+#[derive(Deserialize)]
+struct Expected {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    id: String,
+    question: String,
+    #[serde(default)]
+    options: Vec<String>,
+    #[serde(default)]
+    reference_answer: Option<String>,
+    steps: Vec<String>,
+    scores: Vec<f64>,
+}
+
+#[derive(Deserialize)]
+struct Bench {
+    id: String,
+    problem: String,
+    steps: Vec<String>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+    }
+}
+
+#[tokio::test]
+async fn embedded_default_serves_smollm2_end_to_end() {
+    let model = retrace::config::default_cache_dir().join("smollm2");
+    assert!(
+        model.join("model.safetensors").is_file(),
+        "{} is missing: run scripts/fetch-smollm2.sh",
+        model.display()
+    );
+    let (grpc, metrics) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            &format!("127.0.0.1:{grpc}"),
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut server = Server(child);
+    let url = format!("http://127.0.0.1:{grpc}");
+    let channel = loop {
+        if let Ok(c) = tonic::transport::Channel::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+        {
+            break c;
+        }
+        assert!(
+            server.0.try_wait().unwrap().is_none(),
+            "server exited early"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    for i in 0.. {
+        let s = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap();
+        if s.into_inner().status == 1 {
+            break;
+        }
+        assert!(i < 1200, "never became SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut c = pb::evaluator_client::EvaluatorClient::new(channel.clone());
+    let list = c
+        .list_evaluators(pb::ListEvaluatorsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let e = &list.evaluators[0];
+    assert_eq!(
+        (e.name.as_str(), e.family.as_str(), e.ready, e.is_default),
+        ("smollm2", "chat-lm", true, true)
+    );
+
+    // Scores match the float64 numpy reference on the same weights.
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/smollm2-expected.json"
+    );
+    let expected: Expected = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for case in &expected.cases {
+        let trace = pb::Trace {
+            question: case.question.clone(),
+            options: case.options.clone(),
+            steps: case.steps.clone(),
+            reference_answer: case.reference_answer.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        let r = c
+            .evaluate(request(&case.id, "", trace))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.steps.len(), case.steps.len());
+        for (got, want) in r.steps.iter().zip(&case.scores) {
+            assert!(
+                (got.score as f64 - want).abs() < 1e-4,
+                "{}: {} vs {want}",
+                case.id,
+                got.score
+            );
+        }
+    }
+
+    // ProcessBench traces over the stream: one verdict per trace, one score per step.
+    let data = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/data/processbench/gsm8k.json"
+    );
+    let data = std::fs::read_to_string(data)
+        .or_else(|_| std::fs::read_to_string("/work/shared/data/processbench/gsm8k.json"))
+        .expect("ProcessBench gsm8k.json");
+    let bench: Vec<Bench> = serde_json::from_str(&data).unwrap();
+    let sample: Vec<&Bench> = bench.iter().take(12).collect();
+    let reqs: Vec<_> = sample
+        .iter()
+        .map(|b| {
+            request(
+                &b.id,
+                "smollm2",
+                steps_trace(
+                    &b.problem,
+                    &b.steps.iter().map(String::as_str).collect::<Vec<_>>(),
+                ),
+            )
+        })
+        .collect();
+    let mut out = c
+        .evaluate_stream(futures::stream::iter(reqs))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut n = 0;
+    while let Some(r) = out.next().await {
+        let r = r.unwrap();
+        assert!(r.error.is_none(), "{:?}", r.error);
+        let b = sample.iter().find(|b| b.id == r.id).expect("known id");
+        assert_eq!(r.steps.len(), b.steps.len());
+        assert!(r.steps.iter().all(|s| (0.0..=1.0).contains(&s.score)));
+        assert!(r.first_error_index >= -1 && r.first_error_index < b.steps.len() as i32);
+        n += 1;
+    }
+    assert_eq!(n, sample.len());
+    let text = scrape(format!("127.0.0.1:{metrics}").parse().unwrap()).await;
+    assert!(
+        sample_value(&text, "retrace_batch_size_count") >= 1.0,
+        "{text}"
+    );
+    assert!(sample_value(&text, "retrace_tokens_scored_total") > 1000.0);
+
+    // SIGTERM: drains and exits 0.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::task::spawn_blocking(move || server.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+fn sample_value(metrics: &str, name: &str) -> f64 {
+    sample(metrics, name, &[("evaluator", "smollm2")]).unwrap_or(0.0)
+}
