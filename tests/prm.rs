@@ -212,6 +212,25 @@ async fn over_long_traces_and_tagged_steps_are_refused_by_field() {
 }
 
 #[test]
+fn hub_ids_resolve_through_the_local_cache_only() {
+    let hub = std::env::temp_dir().join(format!("retrace-hub-{}", std::process::id()));
+    let snapshot = hub.join("models--Org--Tiny/snapshots/abc123");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(hub.join("models--Org--Tiny/refs")).unwrap();
+    std::fs::write(hub.join("models--Org--Tiny/refs/main"), "abc123\n").unwrap();
+    // SAFETY: no other test in this binary reads HF_HUB_CACHE.
+    unsafe { std::env::set_var("HF_HUB_CACHE", &hub) };
+    assert_eq!(retrace::prm::resolve_model("Org/Tiny"), Some(snapshot));
+    assert_eq!(retrace::prm::resolve_model("Org/Missing"), None);
+    let local = tiny("chat-lm");
+    assert_eq!(
+        retrace::prm::resolve_model(local.to_str().unwrap()),
+        Some(local)
+    );
+    std::fs::remove_dir_all(&hub).unwrap();
+}
+
+#[test]
 fn load_errors_name_the_problem() {
     let mut cfg = EvaluatorConfig::new("x", Kind::Prm);
     cfg.family = Some("chat-lm".into());

@@ -582,3 +582,139 @@ async fn bearer_auth_guards_the_evaluator_but_not_health() {
     s.ready().await; // health is open without a token
     s.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn tls_serves_with_the_configured_certificate() {
+    let dir = std::env::temp_dir().join(format!("retrace-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key, ca) = (
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+        dir.join("ca.pem"),
+    );
+    // A CA and a leaf for localhost: rustls refuses a CA certificate used as the server's own.
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=retrace test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "leaf.csr",
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "leaf.ext",
+            "-out",
+            "cert.pem",
+        ],
+    ];
+    for args in steps {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("openssl is installed");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let extra = format!(
+        "tls_cert = {:?}\ntls_key = {:?}",
+        cert.display().to_string(),
+        key.display().to_string()
+    );
+    let counters = Arc::new(Counters::default());
+    let s = TestServer::start(
+        config(&extra, &[("a", "")]),
+        fake_loader(MS, counters, None),
+    )
+    .await;
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(
+            std::fs::read(&ca).unwrap(),
+        ))
+        .domain_name("localhost");
+    let endpoint =
+        tonic::transport::Channel::from_shared(format!("https://localhost:{}", s.addr.port()))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap();
+    let channel = tokio::time::timeout(Duration::from_secs(10), endpoint.connect())
+        .await
+        .expect("TLS handshake")
+        .unwrap();
+    let mut c = pb::evaluator_client::EvaluatorClient::new(channel);
+    let mut served = false;
+    for _ in 0..100 {
+        match c.evaluate(request("t", "", steps_trace("q", &["s"]))).await {
+            Ok(r) => {
+                assert_eq!(r.into_inner().first_error_index, -1);
+                served = true;
+                break;
+            }
+            Err(s) if s.code() == Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(s) => panic!("{s:?}"),
+        }
+    }
+    assert!(served);
+    // Plain text gets no answer on a TLS port.
+    let plain =
+        tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{}", s.addr.port()))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(2));
+    let attempt = async {
+        let mut c = pb::evaluator_client::EvaluatorClient::new(plain.connect().await?);
+        c.evaluate(request("t", "", steps_trace("q", &["s"])))
+            .await
+            .map_err(|e| e.into())
+    };
+    let r: Result<_, Box<dyn std::error::Error>> = attempt.await;
+    assert!(r.is_err());
+    s.stop().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

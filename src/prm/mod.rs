@@ -99,13 +99,13 @@ impl PrmEvaluator {
         let family_name = cfg.family.as_deref().unwrap_or_default();
         let family = Family::parse(family_name)
             .ok_or_else(|| fail(format!("unknown family {family_name:?}")))?;
-        let folder = PathBuf::from(cfg.model.as_deref().unwrap_or_default());
-        if !folder.is_dir() {
-            return Err(fail(format!(
-                "model folder {} does not exist (for the embedded default, run scripts/fetch-smollm2.sh)",
-                folder.display()
-            )));
-        }
+        let model = cfg.model.as_deref().unwrap_or_default();
+        let folder = resolve_model(model).ok_or_else(|| {
+            fail(format!(
+                "model folder {model} does not exist and is not a model id in the Hugging Face cache \
+                 (for the embedded default, run scripts/fetch-smollm2.sh)"
+            ))
+        })?;
         let device_name = cfg.device.as_deref().unwrap_or("cpu");
         let device = model::device_from_str(device_name).map_err(|e| fail(e.to_string()))?;
         let dtype = match cfg.dtype.as_deref() {
@@ -145,6 +145,27 @@ impl PrmEvaluator {
     pub fn folder(&self) -> &Path {
         &self.folder
     }
+}
+
+/// A local folder, or else a hub id (`org/name`) already in the standard Hugging Face cache
+/// (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`): never a download.
+pub fn resolve_model(model: &str) -> Option<PathBuf> {
+    let path = PathBuf::from(model);
+    if path.is_dir() {
+        return Some(path);
+    }
+    let (org, name) = model.split_once('/')?;
+    if org.is_empty() || name.is_empty() || name.contains('/') {
+        return None;
+    }
+    let env = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    let hub = env("HF_HUB_CACHE")
+        .or_else(|| env("HF_HOME").map(|h| h.join("hub")))
+        .or_else(|| env("HOME").map(|h| h.join(".cache/huggingface/hub")))?;
+    let repo = hub.join(format!("models--{org}--{name}"));
+    let revision = std::fs::read_to_string(repo.join("refs/main")).ok()?;
+    let snapshot = repo.join("snapshots").join(revision.trim());
+    snapshot.is_dir().then_some(snapshot)
 }
 
 impl Evaluator for PrmEvaluator {
