@@ -14,6 +14,7 @@
 pub mod api;
 pub mod config;
 pub mod engine;
+pub mod eval;
 pub mod metrics;
 pub mod prm;
 pub mod segment;

@@ -24,6 +24,11 @@ enum Command {
     Serve(ServeArgs),
     /// Loads and validates a config, then prints it resolved, secrets redacted.
     CheckConfig(ServeArgs),
+    /// Runs labelled traces (ProcessBench, ReTraceQA-shaped JSONL) through an evaluator, on a
+    /// server or in-process; writes predictions JSONL, the ProcessBench metric and a report.
+    Eval(retrace::eval::EvalOptions),
+    /// Scores traces once, sweeps the PRM threshold, and prints the F1-maximising config line.
+    Calibrate(retrace::eval::CalibrateOptions),
 }
 
 #[derive(clap::Args)]
@@ -167,6 +172,14 @@ fn init_logs(format: LogFormat) {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Eval(opts) => retrace::eval::eval(opts)
+            .await
+            .map(drop)
+            .map_err(Into::into),
+        Command::Calibrate(opts) => retrace::eval::calibrate(opts)
+            .await
+            .map(drop)
+            .map_err(Into::into),
         Command::CheckConfig(args) => {
             let config = args.load()?;
             print!("{}", config.redacted_toml());

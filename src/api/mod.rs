@@ -29,8 +29,11 @@ pub mod pb {
         include_bytes!(concat!(env!("OUT_DIR"), "/retrace_descriptor.bin"));
 }
 
-/// Responses buffered per stream before the server stops reading more requests.
+/// Responses buffered per stream before finished tasks wait for the caller to read.
 const STREAM_BUFFER: usize = 64;
+/// Requests one stream may have open at once; past it the server stops reading the stream, so a
+/// caller that sends without reading is held back by HTTP/2 flow control, not by our memory.
+const STREAM_MAX_OPEN: usize = 1024;
 
 /// The retrace.v1.Evaluator service over an engine.
 pub struct EvaluatorService {
@@ -152,7 +155,7 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
                     return; // every request answered: end the response stream
                 }
                 tokio::select! {
-                    next = inbound.next(), if reading => match next {
+                    next = inbound.next(), if reading && tasks.len() < STREAM_MAX_OPEN => match next {
                         Some(Ok(req)) => {
                             let (engine, tx) = (engine.clone(), tx.clone());
                             tasks.spawn(async move {

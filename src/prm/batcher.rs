@@ -235,8 +235,9 @@ mod tests {
         assert_eq!(next_batch([10, 10, 10], &b), 3);
         // 4 rows padded to 30 = 120 > 100: three fit.
         assert_eq!(next_batch([10, 20, 30, 10], &b), 3);
-        // A long row later raises everyone's padding.
-        assert_eq!(next_batch([10, 10, 60], &b), 1);
+        // A long row would raise everyone's padding past the budget: it waits for the next batch.
+        assert_eq!(next_batch([10, 10, 60], &b), 2);
+        assert_eq!(next_batch([60, 10], &b), 1);
         assert_eq!(next_batch([50, 50, 1], &b), 2);
     }
 
