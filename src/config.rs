@@ -10,6 +10,11 @@ use std::path::{Path, PathBuf};
 /// Evaluator kinds this build can serve; the others parse but stop startup.
 pub const SERVED_KINDS: &[Kind] = &[Kind::Prm];
 
+/// Largest `max_in_flight` / `max_concurrency`: queues are allocated up front.
+pub const MAX_CAPACITY: usize = 1 << 20;
+/// Longest shutdown grace period, one hour.
+pub const MAX_GRACE_S: f64 = 3600.0;
+
 /// PRM families (see docs/prm-formats.md).
 pub const PRM_FAMILIES: &[&str] = &[
     "qwen2-math-prm",
@@ -242,8 +247,18 @@ impl Config {
         if s.max_in_flight == 0 {
             return Err(self.fail("server.max_in_flight must be at least 1".into()));
         }
-        if !(s.shutdown_grace_s.is_finite() && s.shutdown_grace_s >= 0.0) {
-            return Err(self.fail("server.shutdown_grace_s must be a non-negative number".into()));
+        if !(0.0..=MAX_GRACE_S).contains(&s.shutdown_grace_s) {
+            return Err(self.fail(format!(
+                "server.shutdown_grace_s must lie in [0, {MAX_GRACE_S}]"
+            )));
+        }
+        if s.max_in_flight > MAX_CAPACITY {
+            return Err(self.fail(format!(
+                "server.max_in_flight must be at most {MAX_CAPACITY}"
+            )));
+        }
+        if s.auth_tokens.iter().any(|t| t.0.trim().is_empty()) {
+            return Err(self.fail("server.auth_tokens must not hold an empty token".into()));
         }
         if s.max_steps == 0 || s.max_trace_bytes == 0 {
             return Err(
@@ -284,8 +299,10 @@ impl Config {
                 e.threshold
             )));
         }
-        if e.max_concurrency == 0 {
-            return Err(self.fail(format!("{at}: max_concurrency must be at least 1")));
+        if e.max_concurrency == 0 || e.max_concurrency > MAX_CAPACITY {
+            return Err(self.fail(format!(
+                "{at}: max_concurrency must lie in [1, {MAX_CAPACITY}]"
+            )));
         }
         if e.max_steps == Some(0) || e.max_trace_bytes == Some(0) {
             return Err(self.fail(format!(

@@ -119,6 +119,35 @@ fn overrides_apply_and_validate() {
 }
 
 #[test]
+fn limits_that_would_panic_later_are_refused_now() {
+    for (from, to, key) in [
+        (
+            "shutdown_grace_s = 30",
+            "shutdown_grace_s = 1e20",
+            "shutdown_grace_s",
+        ),
+        (
+            "max_in_flight = 512",
+            "max_in_flight = 100000000000",
+            "max_in_flight",
+        ),
+        (
+            "shutdown_grace_s = 30",
+            "shutdown_grace_s = 30\nauth_tokens = [\" \"]",
+            "auth_tokens",
+        ),
+        (
+            "threshold = 0.5",
+            "threshold = 0.5\nmax_concurrency = 0",
+            "max_concurrency",
+        ),
+    ] {
+        let err = parse(&EXAMPLE.replace(from, to)).unwrap_err();
+        assert!(err.message.contains(key), "{key}: {err}");
+    }
+}
+
+#[test]
 fn secrets_are_redacted() {
     let text = EXAMPLE.replace(
         "shutdown_grace_s = 30",

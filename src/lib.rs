@@ -157,6 +157,10 @@ pub async fn serve(
     tokio::pin!(shutdown);
     let mut loading = true;
     let mut failure = None;
+    // Once loaded, readiness is re-read every second, so a model thread that died takes the
+    // server out of rotation (NOT_SERVING) instead of failing every request behind a green probe.
+    let mut watch = tokio::time::interval(Duration::from_secs(1));
+    let mut serving = false;
     loop {
         tokio::select! {
             result = &mut server => return result.map_err(ServeError::from),
@@ -166,9 +170,23 @@ pub async fn serve(
                     Ok(Ok(())) => {
                         tracing::info!("every evaluator is loaded; serving");
                         set_health(&health, ServingStatus::Serving).await;
+                        serving = true;
                     }
                     Ok(Err(e)) => { failure = Some(ServeError::Load(e)); break; }
                     Err(e) => { failure = Some(ServeError::Load(EngineError::Internal(e.to_string()))); break; }
+                }
+            }
+            _ = watch.tick(), if !loading => {
+                let statuses = engine.list();
+                for s in &statuses {
+                    metrics::set_ready(&s.name, s.ready);
+                }
+                let ready = statuses.iter().all(|s| s.ready);
+                if ready != serving {
+                    tracing::warn!(ready, "evaluator readiness changed");
+                    let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
+                    set_health(&health, status).await;
+                    serving = ready;
                 }
             }
             _ = &mut shutdown => break,

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use retrace::config::{Config, default_cache_dir};
+use retrace::config::Config;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -142,14 +142,15 @@ impl ServeArgs {
         let config = match &self.config {
             Some(path) => Config::load(path, &overrides)?,
             None => {
-                let cache = self.cache_dir.clone().unwrap_or_else(default_cache_dir);
-                let model = cache.join("smollm2");
-                let mut all = vec![format!(
-                    "evaluator.smollm2.model={:?}",
-                    model.display().to_string()
-                )];
-                all.extend(overrides);
-                Config::parse(EMBEDDED, "embedded default", &all)?
+                let mut config = Config::parse(EMBEDDED, "embedded default", &overrides)?;
+                // The model lives in the cache folder, wherever flags or --set put it.
+                let cache = config.server.cache_dir.clone();
+                for e in &mut config.evaluators {
+                    if e.name == "smollm2" && e.model.as_deref() == Some("smollm2") {
+                        e.model = Some(cache.join("smollm2").display().to_string());
+                    }
+                }
+                config
             }
         };
         Ok(config)

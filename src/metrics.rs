@@ -17,6 +17,7 @@ pub const BATCH_TOKENS: &str = "retrace_batch_tokens";
 pub const TOKENS_SCORED: &str = "retrace_tokens_scored_total";
 pub const MODEL_LOAD: &str = "retrace_model_load_seconds";
 pub const DROPPED: &str = "retrace_dropped_total";
+pub const UNAUTHENTICATED: &str = "retrace_unauthenticated_total";
 
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -126,6 +127,10 @@ fn describe() {
         "How long loading the evaluator's model took."
     );
     describe_counter!(
+        UNAUTHENTICATED,
+        "Requests refused for a missing or invalid bearer token."
+    );
+    describe_counter!(
         DROPPED,
         "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline)."
     );
@@ -182,4 +187,8 @@ pub fn record_model_load(evaluator: &str, elapsed: Duration) {
 
 pub fn record_dropped(evaluator: &str, reason: &'static str) {
     counter!(DROPPED, "evaluator" => evaluator.to_string(), "reason" => reason).increment(1);
+}
+
+pub fn record_unauthenticated() {
+    counter!(UNAUTHENTICATED).increment(1);
 }

@@ -435,6 +435,11 @@ async fn eval_and_calibrate_run_end_to_end_against_a_server() {
         "answer-level rows by generator: {md}"
     );
 
+    // A rerun at another threshold would mix decisions: refused.
+    let o = retrace(args(&["--skip-bad", "--threshold", "0.9"])).await;
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("threshold 0.5, not 0.9"), "{}", text(&o));
+
     // Resuming: nothing is judged twice; a removed row is judged again.
     let o = retrace(args(&["--skip-bad"])).await;
     assert!(o.status.success(), "{}", text(&o));

@@ -70,7 +70,7 @@ fn tiny(family: &str) -> PathBuf {
 }
 
 fn evaluator(family: &str, folder: &Path, batch: usize) -> PrmEvaluator {
-    let mut cfg = EvaluatorConfig::new(family, Kind::Prm);
+    let mut cfg = EvaluatorConfig::new(&format!("{family}-{batch}"), Kind::Prm);
     cfg.family = Some(family.into());
     cfg.model = Some(folder.display().to_string());
     cfg.max_batch_size = Some(batch);
@@ -135,6 +135,7 @@ fn real_tokenizers_format_exactly() {
 
 #[tokio::test]
 async fn tiny_scores_match_the_reference_batched_and_not() {
+    let metrics = retrace::metrics::install();
     for family in FAMILIES {
         let fixture = read_fixture(&tiny(family).join("expected.json"));
         let single = evaluator(family, &tiny(family), 1);
@@ -147,6 +148,12 @@ async fn tiny_scores_match_the_reference_batched_and_not() {
                 j.step_scores.len(),
                 c.steps.len(),
                 "{family} {}: one score per step",
+                c.id
+            );
+            assert_eq!(
+                c.scores.len(),
+                c.steps.len(),
+                "{family} {}: fixture scores",
                 c.id
             );
             for (got, want) in j.step_scores.iter().zip(&c.scores) {
@@ -163,10 +170,24 @@ async fn tiny_scores_match_the_reference_batched_and_not() {
             futures::future::join_all(traces.iter().map(|t| batched.evaluate(job(t)))).await;
         for (j, a) in together.into_iter().zip(&alone) {
             let j = j.unwrap();
+            assert_eq!(j.step_scores.len(), a.len());
             for (x, y) in j.step_scores.iter().zip(a) {
                 assert!((x - y).abs() < 1e-5, "{family}: batched {x} vs alone {y}");
             }
         }
+        // Fewer forward passes than traces: they really were batched.
+        let text = metrics.render();
+        let key = format!("retrace_batch_size_count{{evaluator=\"{family}-16\"}} ");
+        let batches: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("batch size histogram");
+        assert!(
+            batches < traces.len() as f64,
+            "{family}: {batches} batches for {} traces",
+            traces.len()
+        );
     }
 }
 
@@ -208,6 +229,18 @@ async fn over_long_traces_and_tagged_steps_are_refused_by_field() {
     match q.evaluate(job(&tagged)).await {
         Err(EngineError::Invalid { field, .. }) => assert_eq!(field, "trace.steps[1]"),
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_expired_deadline_is_dropped_before_the_model() {
+    let e = evaluator("chat-lm", &tiny("chat-lm"), 4);
+    let fixture = read_fixture(&tiny("chat-lm").join("expected.json"));
+    let mut j = job(&trace(&fixture.cases[0]));
+    j.deadline = Some(tokio::time::Instant::now());
+    match e.evaluate(j).await {
+        Err(EngineError::DeadlineExceeded(m)) => assert!(m.contains("deadline"), "{m}"),
+        other => panic!("expected DEADLINE_EXCEEDED, got {other:?}"),
     }
 }
 

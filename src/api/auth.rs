@@ -37,11 +37,13 @@ impl Interceptor for BearerAuth {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or_else(|| {
+                crate::metrics::record_unauthenticated();
                 Status::unauthenticated("missing `authorization: Bearer <token>` metadata")
             })?;
         if self.accepts(presented.as_bytes()) {
             Ok(request)
         } else {
+            crate::metrics::record_unauthenticated();
             Err(Status::unauthenticated("invalid bearer token"))
         }
     }

@@ -7,6 +7,9 @@ use crate::trace::{ErrorCategory, Step, Trace, Verdict};
 use std::time::Duration;
 use tonic::metadata::MetadataMap;
 
+/// Options are lettered A to Z when rendered for a model.
+pub const MAX_OPTIONS: usize = 26;
+
 /// Validates a proto trace; errors name the field under `prefix` (e.g. `trace`, `candidates[2]`).
 pub fn parse_trace(t: pb::Trace, prefix: &str) -> Result<Trace, EngineError> {
     if t.question.trim().is_empty() {
@@ -34,6 +37,15 @@ pub fn parse_with_question(
     text: String,
     prefix: &str,
 ) -> Result<Trace, EngineError> {
+    if options.len() > MAX_OPTIONS {
+        return Err(EngineError::invalid(
+            format!("{prefix}.options"),
+            format!(
+                "{} options exceed the limit of {MAX_OPTIONS} (lettered A to Z)",
+                options.len()
+            ),
+        ));
+    }
     if let Some(i) = options.iter().position(|o| o.trim().is_empty()) {
         return Err(EngineError::invalid(
             format!("{prefix}.options[{i}]"),

@@ -89,17 +89,51 @@ fn deadline_of<T>(request: &Request<T>, arrived: Instant) -> Option<Instant> {
         .map(|d| arrived + d - (d / 10).min(Duration::from_millis(20)))
 }
 
-fn record<T>(
+/// Counts a request once: with its outcome when it finishes, as `cancelled` when its future is
+/// dropped first (the caller went away).
+struct Recorder {
     rpc: &'static str,
-    evaluator: &str,
-    result: &Result<T, EngineError>,
+    evaluator: String,
     arrived: Instant,
-) {
-    let code = match result {
-        Ok(_) => tonic::Code::Ok,
-        Err(e) => to_status(e).code(),
-    };
-    metrics::record_request(rpc, evaluator, outcome(code), arrived.elapsed());
+    done: bool,
+}
+
+impl Recorder {
+    fn new(rpc: &'static str, evaluator: String, arrived: Instant) -> Self {
+        Recorder {
+            rpc,
+            evaluator,
+            arrived,
+            done: false,
+        }
+    }
+
+    fn finish<T>(mut self, result: &Result<T, EngineError>) {
+        let code = match result {
+            Ok(_) => tonic::Code::Ok,
+            Err(e) => to_status(e).code(),
+        };
+        metrics::record_request(
+            self.rpc,
+            &self.evaluator,
+            outcome(code),
+            self.arrived.elapsed(),
+        );
+        self.done = true;
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if !self.done {
+            metrics::record_request(
+                self.rpc,
+                &self.evaluator,
+                "cancelled",
+                self.arrived.elapsed(),
+            );
+        }
+    }
 }
 
 /// Turns a failed stream item into a response that carries the error and the request's id.
@@ -129,9 +163,9 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
         let arrived = Instant::now();
         let deadline = deadline_of(&request, arrived);
         let req = request.into_inner();
-        let evaluator = label(&self.engine, &req.evaluator);
+        let recorder = Recorder::new("Evaluate", label(&self.engine, &req.evaluator), arrived);
         let result = evaluate_one(&self.engine, req, deadline, arrived).await;
-        record("Evaluate", &evaluator, &result, arrived);
+        recorder.finish(&result);
         result.map(Response::new).map_err(|e| to_status(&e))
     }
 
@@ -161,8 +195,9 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
                             tasks.spawn(async move {
                                 let arrived = Instant::now();
                                 let (id, evaluator) = (req.id.clone(), label(&engine, &req.evaluator));
+                                let recorder = Recorder::new("EvaluateStream", evaluator.clone(), arrived);
                                 let result = evaluate_one(&engine, req, stream_deadline, arrived).await;
-                                record("EvaluateStream", &evaluator, &result, arrived);
+                                recorder.finish(&result);
                                 let item = result.unwrap_or_else(|e| error_response(id, evaluator, &e));
                                 let _ = tx.send(Ok(item)).await;
                             });
@@ -188,9 +223,9 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
         let arrived = Instant::now();
         let deadline = deadline_of(&request, arrived);
         let req = request.into_inner();
-        let evaluator = label(&self.engine, &req.evaluator);
+        let recorder = Recorder::new("Rank", label(&self.engine, &req.evaluator), arrived);
         let result = rank(&self.engine, req, deadline, arrived).await;
-        record("Rank", &evaluator, &result, arrived);
+        recorder.finish(&result);
         result.map(Response::new).map_err(|e| to_status(&e))
     }
 
@@ -208,8 +243,8 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
                 family: s.description.family,
                 model: s.description.model,
                 threshold: s.threshold,
-                max_steps: s.max_steps as u32,
-                max_trace_bytes: s.max_trace_bytes as u32,
+                max_steps: u32::try_from(s.max_steps).unwrap_or(u32::MAX),
+                max_trace_bytes: u32::try_from(s.max_trace_bytes).unwrap_or(u32::MAX),
                 ready: s.ready,
                 is_default: s.is_default,
                 aggregate: s.aggregate.as_str().to_string(),

@@ -199,7 +199,19 @@ impl Engine {
             slot.check_limits(&r.trace, &format!("candidates[{i}]"))?;
         }
         let _permit = self.admit(requests.len())?;
-        futures::future::try_join_all(requests.into_iter().map(|r| slot.run(r))).await
+        let runs = requests.into_iter().enumerate().map(|(i, r)| async move {
+            // An evaluator names fields under `trace`; in a ranking the trace is a candidate.
+            slot.run(r).await.map_err(|e| match e {
+                EngineError::Invalid { field, message } if field.starts_with("trace") => {
+                    EngineError::Invalid {
+                        field: format!("candidates[{i}]{}", &field["trace".len()..]),
+                        message,
+                    }
+                }
+                other => other,
+            })
+        });
+        futures::future::try_join_all(runs).await
     }
 
     fn slot(&self, requested: &str) -> Result<&Slot, EngineError> {
@@ -294,7 +306,6 @@ impl Slot {
             permit.map_err(|_| EngineError::Unavailable("the evaluator is shutting down".into()))?
         };
         let queue = queue_started.elapsed();
-        metrics::record_stage(&self.name, metrics::Stage::Queue, queue);
         let job = Job {
             trace: request.trace.clone(),
             threshold,
@@ -320,6 +331,7 @@ impl Slot {
             )));
         }
         metrics::record_steps(&self.name, steps);
+        metrics::record_stage(&self.name, metrics::Stage::Queue, queue + judgement.queued);
         Ok(Verdict {
             evaluator: self.name.clone(),
             trace_score: self.config.aggregate.apply(&judgement.step_scores),

@@ -131,6 +131,8 @@ pub fn read_rows(path: &Path, mut f: impl FnMut(Row)) -> Result<(), EvalError> {
 pub struct Existing {
     pub keys: HashSet<(String, String)>,
     pub evaluators: HashSet<String>,
+    /// Thresholds that decided the rows already there (a rerun must not mix in another).
+    pub thresholds: Vec<f32>,
 }
 
 /// Reads the keys already in `path` (absent: none). A last line cut short by a crash is removed,
@@ -168,6 +170,11 @@ pub fn prepare(path: &Path) -> Result<Existing, EvalError> {
     }
     read_rows(path, |row| {
         existing.keys.insert(row.key());
+        if let Some(t) = row.threshold
+            && !existing.thresholds.contains(&t)
+        {
+            existing.thresholds.push(t);
+        }
         if !row.evaluator.is_empty() {
             existing.evaluators.insert(row.evaluator);
         }

@@ -77,6 +77,15 @@ pub async fn score(backend: &Backend, spec: &RunSpec, out: &Path) -> Result<RunS
             shown(out)
         )));
     }
+    if let Some(t) = spec.threshold
+        && let Some(other) = existing.thresholds.iter().find(|x| **x != t)
+    {
+        return Err(EvalError::Usage(format!(
+            "{} holds predictions decided at threshold {other}, not {t}: choose another output \
+             (or re-threshold them with `retrace calibrate`)",
+            shown(out)
+        )));
+    }
     let mut total = 0;
     for f in &spec.files {
         let n = dataset::count_records(f)?;

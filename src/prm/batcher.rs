@@ -55,6 +55,8 @@ pub struct Batcher {
     tx: SyncSender<Pending>,
     capacity: usize,
     alive: Arc<AtomicBool>,
+    /// For the queue-depth gauge, which counts requests waiting for the model too.
+    name: String,
 }
 
 /// How many requests from the front of the queue go into the next batch: as many as fit the
@@ -96,6 +98,7 @@ impl Batcher {
         let alive = Arc::new(AtomicBool::new(true));
         let guard = AliveGuard(alive.clone());
         let name = name.to_string();
+        let name_for_gauge = name.clone();
         std::thread::Builder::new()
             .name(format!("prm-{name}"))
             .spawn(move || {
@@ -106,6 +109,7 @@ impl Batcher {
             tx,
             capacity,
             alive,
+            name: name_for_gauge,
         })
     }
 
@@ -127,7 +131,10 @@ impl Batcher {
             enqueued: Instant::now(),
         };
         match self.tx.try_send(pending) {
-            Ok(()) => Ok(rx),
+            Ok(()) => {
+                metrics::queue_depth(&self.name, 1.0);
+                Ok(rx)
+            }
             Err(TrySendError::Full(_)) => Err(BatchError::QueueFull(self.capacity)),
             Err(TrySendError::Disconnected(_)) => Err(BatchError::Stopped),
         }
@@ -163,24 +170,27 @@ fn run(name: &str, model: &PrmModel, budget: Budget, rx: Receiver<Pending>) {
             queue.push_back(item);
         }
         let n = next_batch(queue.iter().map(|p| p.encoded.ids.len()), &budget);
-        let batch: Vec<Pending> = queue.drain(..n).filter(|p| keep(name, p)).collect();
+        metrics::queue_depth(name, -(n as f64));
+        let batch: Vec<Pending> = queue.drain(..n).filter_map(|p| keep(name, p)).collect();
         if !batch.is_empty() {
             score(name, model, batch);
         }
     }
 }
 
-/// False (and the caller told, if still there) for work nobody will read.
-fn keep(name: &str, p: &Pending) -> bool {
-    if p.reply.is_closed() {
-        metrics::record_dropped(name, "cancelled");
-        return false;
-    }
+/// The job, unless nobody will read its result: a caller that left, or a deadline that passed
+/// (that caller is told so).
+fn keep(name: &str, p: Pending) -> Option<Pending> {
     if p.deadline.is_some_and(|d| Instant::now() >= d) {
         metrics::record_dropped(name, "deadline");
-        return false;
+        let _ = p.reply.send(Err(BatchError::Deadline));
+        return None;
     }
-    true
+    if p.reply.is_closed() {
+        metrics::record_dropped(name, "cancelled");
+        return None;
+    }
+    Some(p)
 }
 
 fn score(name: &str, model: &PrmModel, batch: Vec<Pending>) {
@@ -192,7 +202,16 @@ fn score(name: &str, model: &PrmModel, batch: Vec<Pending>) {
         .collect();
     let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
     let real: usize = rows.iter().map(|r| r.len()).sum();
-    let result = model.score(&rows, &positions);
+    let result = model
+        .score(&rows, &positions)
+        .map_err(|e| e.to_string())
+        .and_then(|scores| {
+            // A NaN would pass every threshold and sort first in a ranking: never let one out.
+            match scores.iter().flatten().all(|s| s.is_finite()) {
+                true => Ok(scores),
+                false => Err("the model produced a non-finite score".to_string()),
+            }
+        });
     let inference = started.elapsed();
     metrics::record_batch(name, batch.len(), longest * batch.len(), real);
     metrics::record_stage(name, metrics::Stage::Inference, inference);
@@ -210,7 +229,7 @@ fn score(name: &str, model: &PrmModel, batch: Vec<Pending>) {
         Err(e) => {
             tracing::error!(evaluator = name, error = %e, "batch failed");
             for p in batch {
-                let _ = p.reply.send(Err(BatchError::Model(e.to_string())));
+                let _ = p.reply.send(Err(BatchError::Model(e.clone())));
             }
         }
     }

@@ -75,7 +75,7 @@ pub struct PrmEvaluator {
     name: String,
     family: Family,
     folder: PathBuf,
-    formatter: Formatter,
+    formatter: Arc<Formatter>,
     max_tokens: usize,
     batcher: Batcher,
 }
@@ -136,7 +136,7 @@ impl PrmEvaluator {
             name: cfg.name.clone(),
             family,
             folder,
-            formatter,
+            formatter: Arc::new(formatter),
             max_tokens,
             batcher,
         })
@@ -184,7 +184,12 @@ impl Evaluator for PrmEvaluator {
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
             let started = std::time::Instant::now();
-            let encoded = self.formatter.encode(&job.trace).map_err(PrmError::from)?;
+            // Rendering and tokenising a long trace takes milliseconds: keep it off the runtime.
+            let (formatter, trace) = (self.formatter.clone(), job.trace.clone());
+            let encoded = tokio::task::spawn_blocking(move || formatter.encode(&trace))
+                .await
+                .map_err(|e| EngineError::Internal(format!("tokenizing panicked: {e}")))?
+                .map_err(PrmError::from)?;
             metrics::record_stage(&self.name, metrics::Stage::Tokenize, started.elapsed());
             if encoded.ids.len() > self.max_tokens {
                 return Err(PrmError::TooLong {

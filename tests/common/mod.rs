@@ -15,7 +15,8 @@ use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-/// Scores a step 0.1 when it contains "wrong", else 0.9, after `delay`.
+/// Scores a step 0.1 when it contains "wrong", else 0.9, after `delay`; refuses a step that
+/// contains "refuse" with INVALID_ARGUMENT naming it, as a model's formatter would.
 pub struct Fake {
     pub delay: Duration,
     pub counters: Arc<Counters>,
@@ -50,6 +51,17 @@ impl Evaluator for Fake {
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
             self.counters.started.fetch_add(1, Ordering::SeqCst);
+            if let Some(i) = job
+                .trace
+                .steps
+                .iter()
+                .position(|s| s.text.contains("refuse"))
+            {
+                return Err(EngineError::invalid(
+                    format!("trace.steps[{i}]"),
+                    "refused by the fake",
+                ));
+            }
             tokio::time::sleep(self.delay).await;
             let scores = job
                 .trace
