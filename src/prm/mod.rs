@@ -77,6 +77,7 @@ pub struct PrmEvaluator {
     folder: PathBuf,
     formatter: Arc<Formatter>,
     max_tokens: usize,
+    vocab_size: usize,
     batcher: Batcher,
 }
 
@@ -128,7 +129,7 @@ impl PrmEvaluator {
             max_batch_size: cfg.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH_SIZE).max(1),
             max_wait: Duration::from_millis(cfg.max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS)),
         };
-        let max_tokens = model.max_positions();
+        let (max_tokens, vocab_size) = (model.max_positions(), model.vocab_size());
         // The engine's gate admits at most max_concurrency jobs, so the queue never needs more.
         let batcher = Batcher::spawn(&cfg.name, model, budget, cfg.max_concurrency)
             .map_err(|e| fail(format!("cannot start the model thread: {e}")))?;
@@ -138,6 +139,7 @@ impl PrmEvaluator {
             folder,
             formatter: Arc::new(formatter),
             max_tokens,
+            vocab_size,
             batcher,
         })
     }
@@ -197,6 +199,20 @@ impl Evaluator for PrmEvaluator {
                     limit: self.max_tokens,
                 }
                 .into());
+            }
+            // Checked per request: in a batch, one bad row would fail its neighbours too.
+            if let Some(id) = encoded
+                .ids
+                .iter()
+                .find(|&&id| id as usize >= self.vocab_size)
+            {
+                return Err(EngineError::invalid(
+                    "trace",
+                    format!(
+                        "token id {id} is outside the model's vocabulary of {}: its tokenizer and checkpoint disagree",
+                        self.vocab_size
+                    ),
+                ));
             }
             let deadline = job.deadline.map(|d| d.into_std());
             let reply = self
