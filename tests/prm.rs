@@ -86,22 +86,29 @@ fn job(t: &Trace) -> Job {
     }
 }
 
+/// Formats every case of `fixture` with the tokenizer in `dir`: ids and positions exactly, one
+/// position per step.
+fn assert_formats(family: &str, dir: &Path, fixture: &Fixture) {
+    let f = Formatter::load(Family::parse(family).unwrap(), dir).unwrap();
+    for c in &fixture.cases {
+        let e = f
+            .encode(&trace(c))
+            .unwrap_or_else(|e| panic!("{family} {}: {e}", c.id));
+        assert_eq!(e.ids, c.input_ids, "{family} {}: ids", c.id);
+        assert_eq!(
+            e.positions, c.score_positions,
+            "{family} {}: positions",
+            c.id
+        );
+        assert_eq!(e.positions.len(), c.steps.len());
+    }
+}
+
 #[test]
 fn tiny_fixtures_format_exactly() {
     for family in FAMILIES {
         let fixture = read_fixture(&tiny(family).join("expected.json"));
-        let f = Formatter::load(Family::parse(family).unwrap(), &tiny(family)).unwrap();
-        for c in &fixture.cases {
-            let e = f
-                .encode(&trace(c))
-                .unwrap_or_else(|e| panic!("{family} {}: {e}", c.id));
-            assert_eq!(e.ids, c.input_ids, "{family} {}: ids", c.id);
-            assert_eq!(
-                e.positions, c.score_positions,
-                "{family} {}: positions",
-                c.id
-            );
-        }
+        assert_formats(family, &tiny(family), &fixture);
     }
 }
 
@@ -117,19 +124,7 @@ fn real_tokenizers_format_exactly() {
             "{} is missing: run scripts/fetch-tokenizers.sh and scripts/fetch-smollm2.sh",
             dir.display()
         );
-        let f = Formatter::load(Family::parse(family).unwrap(), &dir).unwrap();
-        for c in &fixture.cases {
-            let e = f
-                .encode(&trace(c))
-                .unwrap_or_else(|e| panic!("{family} {}: {e}", c.id));
-            assert_eq!(e.ids, c.input_ids, "{family} {}: ids", c.id);
-            assert_eq!(
-                e.positions, c.score_positions,
-                "{family} {}: positions",
-                c.id
-            );
-            assert_eq!(e.positions.len(), c.steps.len());
-        }
+        assert_formats(family, &dir, &fixture);
     }
 }
 
