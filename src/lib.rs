@@ -7,7 +7,9 @@
 //! - `api/`: the tonic service; proto <-> domain at the edge; the one error -> Status table.
 //! - `engine/`: the `Evaluator` trait, the registry, admission, per-evaluator queues, deadlines.
 //! - `prm/`: PRM checkpoints on candle: loading, the decoder, heads, formats, the batcher thread.
-//! - `config.rs`, `trace.rs` (domain types), `segment.rs` (raw text -> steps), `metrics.rs`.
+//! - `eval/`: the offline benchmark (`retrace eval`, `retrace calibrate`) and its report.
+//! - `config/` (file, overrides, validation), `trace.rs` (domain types), `segment.rs` (raw text
+//!   -> steps), `metrics.rs` (every metric name once).
 //!
 //! A request takes three hops: api -> engine -> evaluator. `run` is the whole server.
 
