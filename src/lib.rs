@@ -17,6 +17,7 @@ pub mod api;
 pub mod config;
 pub mod engine;
 pub mod eval;
+pub mod judge;
 pub mod metrics;
 pub mod prm;
 pub mod segment;

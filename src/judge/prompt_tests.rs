@@ -1,0 +1,185 @@
+//! Tests for the judge prompt templates: the built-ins, rendering, and overrides.
+
+use super::*;
+use crate::trace::Step;
+
+fn trace(options: &[&str], reference: Option<&str>) -> Trace {
+    Trace {
+        question: "Where would you keep a {options} jar?".into(),
+        options: options.iter().map(|o| o.to_string()).collect(),
+        steps: ["Jars go in kitchens.", "So (B)."]
+            .iter()
+            .map(|s| Step {
+                text: s.to_string(),
+                span: None,
+            })
+            .collect(),
+        reference_answer: reference.map(str::to_string),
+    }
+}
+
+#[test]
+fn builtins_are_valid_and_ask_for_the_contract() {
+    for kind in TemplateKind::ALL {
+        let t = Template::new(kind, kind.builtin(), Path::new(kind.name()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t, Template::builtin(kind));
+        assert!(!t.text().ends_with('\n'), "{kind}");
+        for needle in [
+            "\\boxed{",
+            "-1",
+            "Category:",
+            "Misinterpretation",
+            "Hallucination",
+        ] {
+            assert!(t.text().contains(needle), "{kind} lacks {needle}");
+        }
+        // The priority order is part of the contract: Misinterpretation before
+        // Hallucination before Reasoning.
+        let at = |w| t.text().find(w).unwrap();
+        assert!(
+            at("1. Misinterpretation") < at("2. Hallucination"),
+            "{kind}"
+        );
+        assert!(at("2. Hallucination") < at("3. Reasoning"), "{kind}");
+        assert_eq!(TemplateKind::parse(kind.name()), Some(kind));
+    }
+}
+
+/// (options, reference, expected kind, texts present, texts absent)
+type Case<'a> = (
+    &'a [&'a str],
+    Option<&'a str>,
+    &'a str,
+    &'a [&'a str],
+    &'a [&'a str],
+);
+
+#[test]
+fn renders_each_kind_from_the_trace() {
+    let templates = Templates::default();
+    let cases: [Case; 4] = [
+        (
+            &[],
+            None,
+            "math-reference-free",
+            &["[Problem]"],
+            &["(A)", "[Reference"],
+        ),
+        (
+            &[],
+            Some("42"),
+            "math-reference-based",
+            &["[Reference Answer]\n42\n"],
+            &["(A)"],
+        ),
+        (
+            &["pantry", "kitchen"],
+            None,
+            "multiple-choice-reference-free",
+            &["[Options]\n(A) pantry\n(B) kitchen\n"],
+            &["[Correct Answer]"],
+        ),
+        (
+            &["pantry", "kitchen"],
+            Some("B"),
+            "multiple-choice-reference-based",
+            &["(B) kitchen", "[Correct Answer]\nB\n"],
+            &[],
+        ),
+    ];
+    let steps = "<paragraph_0>\nJars go in kitchens.\n</paragraph_0>\n\n<paragraph_1>\nSo (B).\n</paragraph_1>";
+    for (options, reference, kind, present, absent) in cases {
+        let t = trace(options, reference);
+        assert_eq!(TemplateKind::for_trace(&t).name(), kind);
+        let prompt = templates.render(&t).unwrap();
+        assert!(prompt.contains(steps), "{kind}: {prompt}");
+        // The question's literal "{options}" stays as the caller wrote it.
+        assert!(prompt.contains("keep a {options} jar?"), "{kind}");
+        for p in present {
+            assert!(prompt.contains(p), "{kind} lacks {p:?}: {prompt}");
+        }
+        for a in absent {
+            assert!(!prompt.contains(a), "{kind} has {a:?}");
+        }
+        assert!(!prompt.contains("{tagged_steps}") && !prompt.contains("{question}"));
+    }
+}
+
+#[test]
+fn tags_single_step_like_processbench() {
+    assert_eq!(
+        tagged_steps(["x = 1"]),
+        "<paragraph_0>\nx = 1\n</paragraph_0>"
+    );
+}
+
+#[test]
+fn overrides_are_checked_and_errors_name_file_and_placeholder() {
+    let mc_free = TemplateKind::new(Domain::MultipleChoice, Mode::ReferenceFree);
+    let math_free = TemplateKind::new(Domain::Math, Mode::ReferenceFree);
+    let cases = [
+        (
+            mc_free,
+            "Q {question}\n{tagged_steps}",
+            "missing placeholder {options}",
+        ),
+        (math_free, "{question} {tagged_steps}", ""),
+        (
+            math_free,
+            "{question} {tagged_steps} {reference_answer}",
+            "{reference_answer} has no value",
+        ),
+        (
+            math_free,
+            "{question} {tagged_step}",
+            "missing placeholder {tagged_steps}",
+        ),
+    ];
+    for (kind, text, want) in cases {
+        let result = Template::new(kind, text, Path::new("/etc/judge/mine.txt"));
+        match (result, want) {
+            (Ok(t), "") => assert_eq!(t.text(), text),
+            (Err(e), want) if !want.is_empty() => {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("/etc/judge/mine.txt") && msg.contains(want),
+                    "{msg}"
+                );
+            }
+            (other, want) => panic!("{text:?}: got {other:?}, wanted {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn load_reads_a_file_and_names_it_when_unreadable() {
+    let dir = std::env::temp_dir().join(format!("retrace-judge-prompt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("math.txt");
+    std::fs::write(&path, "Problem: {question}\n\n{tagged_steps}\n").unwrap();
+    let kind = TemplateKind::new(Domain::Math, Mode::ReferenceFree);
+    let t = Template::load(kind, &path).unwrap();
+    let mut templates = Templates::builtin();
+    templates.set(t);
+    let prompt = templates.render(&trace(&[], None)).unwrap();
+    assert!(prompt.starts_with("Problem: Where would") && prompt.ends_with("</paragraph_1>"));
+
+    let gone = dir.join("absent.txt");
+    let msg = Template::load(kind, &gone).unwrap_err().to_string();
+    assert!(msg.contains("absent.txt"), "{msg}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_template_without_its_input_refuses_to_render() {
+    let kind = TemplateKind::new(Domain::MultipleChoice, Mode::ReferenceBased);
+    let err = Template::builtin(kind)
+        .render(&trace(&["a"], None))
+        .unwrap_err();
+    assert!(err.to_string().contains("reference answer"), "{err}");
+    let err = Template::builtin(kind)
+        .render(&trace(&[], Some("B")))
+        .unwrap_err();
+    assert!(err.to_string().contains("options"), "{err}");
+}
