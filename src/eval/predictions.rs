@@ -4,7 +4,7 @@
 use super::dataset::{Category, DataError, Record};
 use super::{EvalError, shown};
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -107,7 +107,23 @@ impl Row {
 }
 
 /// Streams the rows of a predictions file to `f`; a bad line is an error naming file and line.
+///
+/// A trace judged again (a failed row retried on resume) appears more than once: only its last
+/// row is passed on. That takes a first pass over the keys, so memory stays one key per trace.
 pub fn read_rows(path: &Path, mut f: impl FnMut(Row)) -> Result<(), EvalError> {
+    let mut last: HashMap<(String, String), usize> = HashMap::new();
+    read_all_rows(path, |i, row| {
+        last.insert(row.key(), i);
+    })?;
+    read_all_rows(path, |i, row| {
+        if last.get(&row.key()) == Some(&i) {
+            f(row);
+        }
+    })
+}
+
+/// Every row with its line index, superseded ones included.
+fn read_all_rows(path: &Path, mut f: impl FnMut(usize, Row)) -> Result<(), EvalError> {
     let file =
         File::open(path).map_err(|e| EvalError::io(format!("opening {}", shown(path)), e))?;
     for (i, line) in BufReader::new(file).lines().enumerate() {
@@ -121,7 +137,7 @@ pub fn read_rows(path: &Path, mut f: impl FnMut(Row)) -> Result<(), EvalError> {
             message: format!("not a predictions row: {e}"),
             fatal: true,
         })?;
-        f(row);
+        f(i, row);
     }
     Ok(())
 }
@@ -169,6 +185,10 @@ pub fn prepare(path: &Path) -> Result<Existing, EvalError> {
         }
     }
     read_rows(path, |row| {
+        // A failed trace is judged again on resume; its new row supersedes this one.
+        if row.error.is_some() {
+            return;
+        }
         existing.keys.insert(row.key());
         if let Some(t) = row.threshold
             && !existing.thresholds.contains(&t)
@@ -266,13 +286,7 @@ mod tests {
     #[test]
     fn prepare_drops_a_cut_line_and_keeps_the_rest() {
         let path = std::env::temp_dir().join(format!("retrace-pred-{}.jsonl", std::process::id()));
-        let row = Row::new(
-            &record(-1),
-            Outcome::Failed {
-                evaluator: "e".into(),
-                message: "x".into(),
-            },
-        );
+        let row = Row::new(&record(-1), judged(-1));
         let line = serde_json::to_string(&row).unwrap();
         std::fs::write(&path, format!("{line}\n{}", &line[..10])).unwrap();
         let existing = prepare(&path).unwrap();
@@ -281,6 +295,41 @@ mod tests {
         std::fs::write(&path, &line).unwrap();
         prepare(&path).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{line}\n"));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    fn judged(first_error: i32) -> Outcome {
+        Outcome::Judged {
+            evaluator: "e".into(),
+            first_error,
+            category: Category::Unspecified,
+            step_scores: vec![0.9, 0.9],
+            threshold: 0.5,
+        }
+    }
+
+    #[test]
+    fn a_failed_row_is_retried_and_its_retry_supersedes_it() {
+        let path = std::env::temp_dir().join(format!("retrace-retry-{}.jsonl", std::process::id()));
+        let failed = Row::new(
+            &record(1),
+            Outcome::Failed {
+                evaluator: "e".into(),
+                message: "unavailable".into(),
+            },
+        );
+        let line = |r: &Row| serde_json::to_string(r).unwrap();
+        std::fs::write(&path, format!("{}\n", line(&failed))).unwrap();
+        assert!(
+            prepare(&path).unwrap().keys.is_empty(),
+            "a failed trace is judged again"
+        );
+        let retried = Row::new(&record(1), judged(1));
+        std::fs::write(&path, format!("{}\n{}\n", line(&failed), line(&retried))).unwrap();
+        let mut rows = Vec::new();
+        read_rows(&path, |r| rows.push(r)).unwrap();
+        assert_eq!(rows, vec![retried]);
+        assert_eq!(prepare(&path).unwrap().keys.len(), 1);
         std::fs::remove_file(&path).unwrap();
     }
 }
