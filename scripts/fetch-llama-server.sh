@@ -12,7 +12,11 @@
 #   Env: LLAMA_SERVER_JOBS (default 2) parallel compile jobs.
 # Idempotent: exits at once when the binary is there, BUILD-INFO matches (same sdist, flags and
 # CPU feature flags) and `llama-server --version` runs. Otherwise it builds in a temporary sibling
-# folder and renames it into place only when complete. ~10-15 min on 2 cores.
+# folder and renames it into place only when complete. ~10 min on 2 busy cores (-j2, niced).
+#
+# Run it with OMP_WAIT_POLICY=passive (or -t 1) when other work may share the cores. SmolLM2-135M,
+# -t 2, 2 cores: idle, default OpenMP spin-waiting ~7.5 ms/token, passive ~22 ms/token; with the
+# cores busy, default ~3000 ms/token (sic), passive or -t 1 ~11-15 ms/token.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -39,6 +43,8 @@ CMAKE_FLAGS=(
   -DLLAMA_OPENSSL=OFF          # plain HTTP on 127.0.0.1 is all we need
   -DLLAMA_BUILD_UI=OFF         # no npm build of the web UI
   -DLLAMA_USE_PREBUILT_UI=OFF  # and no Hugging Face download of it (server runs with an empty UI)
+  -DGGML_CCACHE=OFF
+  -DLLAMA_BUILD_COMMIT="${LLAMA_COMMIT:0:7}"  # no git objects in the sdist; shows in system_fingerprint
 )
 
 # What the binary depends on: sources, flags and this CPU's feature flags.
