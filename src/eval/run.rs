@@ -6,9 +6,10 @@ use super::backend::Backend;
 use super::dataset::{self, Category, DataError, Record};
 use super::predictions::{self, Outcome, Row, Writer};
 use super::{EvalError, shown};
+use crate::api::parse_with_question;
 use crate::api::pb;
 use crate::engine::{Engine, EngineError, Request};
-use crate::trace::{Step, Trace, Verdict};
+use crate::trace::Verdict;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use std::collections::{HashMap, HashSet};
@@ -307,34 +308,15 @@ async fn judge_locally(
     record: &Record,
     spec: &RunSpec,
 ) -> Result<Verdict, EngineError> {
-    let steps: Vec<Step> = if record.steps.is_empty() {
-        let text = record.text.clone().unwrap_or_default();
-        crate::segment::segment(&text)
-            .into_iter()
-            .map(|span| Step {
-                text: text[span.clone()].to_string(),
-                span: Some(span),
-            })
-            .collect()
-    } else {
-        record
-            .steps
-            .iter()
-            .map(|s| Step {
-                text: s.clone(),
-                span: None,
-            })
-            .collect()
-    };
-    if steps.is_empty() {
-        return Err(EngineError::invalid("trace.text", "holds no step"));
-    }
-    let trace = Trace {
-        question: record.question.clone(),
-        options: record.options.clone(),
-        steps,
-        reference_answer: record.reference_answer.clone(),
-    };
+    // The same parsing and validation the server applies at its edge.
+    let trace = parse_with_question(
+        record.question.clone(),
+        record.options.clone(),
+        record.reference_answer.clone().unwrap_or_default(),
+        record.steps.clone(),
+        record.text.clone().unwrap_or_default(),
+        "trace",
+    )?;
     engine
         .evaluate(Request {
             evaluator: spec.evaluator.clone(),

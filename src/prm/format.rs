@@ -184,23 +184,8 @@ impl Formatter {
             Family::Skywork => self.skywork(&q, &steps),
             Family::MathShepherd => self.shepherd(&q, &steps),
             Family::Rlhflow => {
-                let mut messages = Vec::new();
-                for (k, s) in steps.iter().enumerate() {
-                    let content = if k == 0 {
-                        format!("{q} {s}")
-                    } else {
-                        s.to_string()
-                    };
-                    messages.push(Message {
-                        role: "user",
-                        content,
-                    });
-                    messages.push(Message {
-                        role: "assistant",
-                        content: SENTINEL.into(),
-                    });
-                }
-                self.conversation(&messages, steps.len())
+                let first = |s: &str| format!("{q} {s}");
+                self.conversation(Vec::new(), &steps, first, str::to_string)
             }
             Family::ChatLm => {
                 let mut system = CHAT_LM_INSTRUCTION.to_string();
@@ -208,26 +193,12 @@ impl Formatter {
                     system.push_str(CHAT_LM_REFERENCE);
                     system.push_str(r);
                 }
-                let mut messages = vec![Message {
+                let opening = vec![Message {
                     role: "system",
                     content: system,
                 }];
-                for (k, s) in steps.iter().enumerate() {
-                    let content = if k == 0 {
-                        format!("Question: {q}\n\nStep: {s}")
-                    } else {
-                        format!("Step: {s}")
-                    };
-                    messages.push(Message {
-                        role: "user",
-                        content,
-                    });
-                    messages.push(Message {
-                        role: "assistant",
-                        content: SENTINEL.into(),
-                    });
-                }
-                self.conversation(&messages, steps.len())
+                let first = |s: &str| format!("Question: {q}\n\nStep: {s}");
+                self.conversation(opening, &steps, first, |s| format!("Step: {s}"))
             }
         }
     }
@@ -304,9 +275,32 @@ impl Formatter {
         Ok(Encoded { ids, positions })
     }
 
+    /// After `opening`, one user turn per step (`first` words the first, `rest` the others), each
+    /// answered by an assistant "+": the RLHFlow conversation shape.
+    fn conversation(
+        &self,
+        mut messages: Vec<Message>,
+        steps: &[&str],
+        first: impl Fn(&str) -> String,
+        rest: impl Fn(&str) -> String,
+    ) -> Result<Encoded, FormatError> {
+        for (k, s) in steps.iter().enumerate() {
+            let content = if k == 0 { first(s) } else { rest(s) };
+            messages.push(Message {
+                role: "user",
+                content,
+            });
+            messages.push(Message {
+                role: "assistant",
+                content: SENTINEL.into(),
+            });
+        }
+        self.render_turns(&messages, steps.len())
+    }
+
     /// Renders a conversation whose assistant turns are `SENTINEL`, puts "+" in their place, and
     /// reads each step at the token just before its "+".
-    fn conversation(&self, messages: &[Message], steps: usize) -> Result<Encoded, FormatError> {
+    fn render_turns(&self, messages: &[Message], steps: usize) -> Result<Encoded, FormatError> {
         for (i, m) in messages.iter().filter(|m| m.role == "user").enumerate() {
             if m.content.contains(SENTINEL) {
                 return Err(FormatError::Step {
