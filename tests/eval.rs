@@ -524,24 +524,6 @@ async fn eval_and_calibrate_run_end_to_end_against_a_server() {
     server.stop().await.unwrap();
 }
 
-/// Kills the server child (ours, by handle) when the test ends, pass or fail.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `retrace serve` with the committed tiny chat-lm PRM as a child process, then `retrace eval`
 /// and `retrace calibrate` against it on a ProcessBench sample.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -560,7 +542,7 @@ async fn eval_against_retrace_serve_with_a_real_tiny_prm() {
     )
     .unwrap();
     let log = dir.0.join("serve.log");
-    let mut child = Child(
+    let mut child = ChildGuard(
         Command::new(env!("CARGO_BIN_EXE_retrace"))
             .args(["serve", "--config", &cfg.display().to_string()])
             .stdin(Stdio::null())

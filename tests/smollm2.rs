@@ -7,7 +7,7 @@ use common::*;
 use futures::StreamExt;
 use retrace::api::pb;
 use serde::Deserialize;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 #[derive(Deserialize)]
@@ -34,22 +34,6 @@ struct Bench {
     steps: Vec<String>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-    }
-}
-
 #[tokio::test]
 async fn embedded_default_serves_smollm2_end_to_end() {
     let model = retrace::config::default_cache_dir().join("smollm2");
@@ -71,7 +55,7 @@ async fn embedded_default_serves_smollm2_end_to_end() {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let mut server = Server(child);
+    let mut server = ChildGuard(child);
     let url = format!("http://127.0.0.1:{grpc}");
     let channel = loop {
         if let Ok(c) = tonic::transport::Channel::from_shared(url.clone())

@@ -233,3 +233,22 @@ pub fn request(id: &str, evaluator: &str, trace: pb::Trace) -> pb::EvaluateReque
         threshold: None,
     }
 }
+
+/// A free port on 127.0.0.1, for a child process that binds its own.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Kills a child process (a `retrace serve` under test) when the test ends, pass or fail.
+pub struct ChildGuard(pub std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
