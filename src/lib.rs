@@ -14,6 +14,7 @@
 //! A request takes three hops: api -> engine -> evaluator. `run` is the whole server.
 
 pub mod api;
+pub mod cascade;
 pub mod config;
 pub mod engine;
 pub mod eval;
@@ -68,12 +69,10 @@ pub async fn run(
 
 /// Builds the product's evaluators: each kind's real implementation.
 pub fn default_loader() -> EvaluatorLoader {
-    Arc::new(|cfg, server| match cfg.kind {
+    Arc::new(|cfg, server, loaded| match cfg.kind {
         Kind::Prm => prm::load(cfg, server),
-        other => Err(EngineError::Internal(format!(
-            "kind `{}` is not served by this build",
-            other.as_str()
-        ))),
+        Kind::Judge => judge::load(cfg).map(engine::shared),
+        Kind::Cascade => cascade::load(cfg, loaded).map(engine::shared),
     })
 }
 

@@ -18,6 +18,16 @@ pub const TOKENS_SCORED: &str = "retrace_tokens_scored_total";
 pub const MODEL_LOAD: &str = "retrace_model_load_seconds";
 pub const DROPPED: &str = "retrace_dropped_total";
 pub const UNAUTHENTICATED: &str = "retrace_unauthenticated_total";
+pub const JUDGE_REQUESTS: &str = "retrace_judge_requests_total";
+pub const JUDGE_REQUEST_DURATION: &str = "retrace_judge_request_duration_seconds";
+pub const JUDGE_IN_FLIGHT: &str = "retrace_judge_in_flight_requests";
+pub const JUDGE_RETRIES: &str = "retrace_judge_retries_total";
+pub const JUDGE_TOKENS: &str = "retrace_judge_tokens_total";
+pub const JUDGE_CACHE: &str = "retrace_judge_cache_total";
+pub const JUDGE_REPAIRS: &str = "retrace_judge_repairs_total";
+pub const JUDGE_DISAGREEMENT: &str = "retrace_judge_vote_disagreements_total";
+pub const JUDGE_BREAKER_OPENED: &str = "retrace_judge_breaker_opened_total";
+pub const CASCADE_PATHS: &str = "retrace_cascade_total";
 
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -131,6 +141,48 @@ fn describe() {
         "Requests refused for a missing or invalid bearer token."
     );
     describe_counter!(
+        JUDGE_REQUESTS,
+        "Upstream judge exchanges, by judge and outcome (ok, parse_error, http_4xx, http_5xx, \
+         timeout, connect_error, bad_response, circuit_open)."
+    );
+    describe_histogram!(
+        JUDGE_REQUEST_DURATION,
+        metrics::Unit::Seconds,
+        "Latency of one upstream judge exchange, by judge."
+    );
+    describe_gauge!(
+        JUDGE_IN_FLIGHT,
+        "Upstream judge exchanges open now, by judge."
+    );
+    describe_counter!(
+        JUDGE_RETRIES,
+        "Upstream judge exchanges retried, by judge and the outcome that caused the retry."
+    );
+    describe_counter!(
+        JUDGE_TOKENS,
+        "Tokens the upstream judge reported, by judge and kind (prompt, completion)."
+    );
+    describe_counter!(
+        JUDGE_CACHE,
+        "Temperature-0 response cache lookups, by judge and result (hit, miss)."
+    );
+    describe_counter!(
+        JUDGE_REPAIRS,
+        "Repair turns sent after an unreadable reply, by judge and result (repaired, failed)."
+    );
+    describe_counter!(
+        JUDGE_DISAGREEMENT,
+        "Votes whose samples did not all name the same step, by judge."
+    );
+    describe_counter!(
+        JUDGE_BREAKER_OPENED,
+        "Times the judge's circuit breaker opened, by judge."
+    );
+    describe_counter!(
+        CASCADE_PATHS,
+        "Cascade decisions, by cascade and path (prm, escalated, categorized)."
+    );
+    describe_counter!(
         DROPPED,
         "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline)."
     );
@@ -191,4 +243,49 @@ pub fn record_dropped(evaluator: &str, reason: &'static str) {
 
 pub fn record_unauthenticated() {
     counter!(UNAUTHENTICATED).increment(1);
+}
+
+/// One upstream judge exchange (or a refusal by the breaker) and how long it took.
+pub fn record_judge_request(judge: &str, outcome: &'static str, elapsed: Duration) {
+    let judge = judge.to_string();
+    counter!(JUDGE_REQUESTS, "judge" => judge.clone(), "outcome" => outcome).increment(1);
+    if !elapsed.is_zero() {
+        histogram!(JUDGE_REQUEST_DURATION, "judge" => judge).record(elapsed.as_secs_f64());
+    }
+}
+
+pub fn judge_in_flight(judge: &str, delta: f64) {
+    gauge!(JUDGE_IN_FLIGHT, "judge" => judge.to_string()).increment(delta);
+}
+
+pub fn record_judge_retry(judge: &str, cause: &'static str) {
+    counter!(JUDGE_RETRIES, "judge" => judge.to_string(), "cause" => cause).increment(1);
+}
+
+pub fn record_judge_tokens(judge: &str, prompt: u64, completion: u64) {
+    let judge = judge.to_string();
+    counter!(JUDGE_TOKENS, "judge" => judge.clone(), "kind" => "prompt").increment(prompt);
+    counter!(JUDGE_TOKENS, "judge" => judge, "kind" => "completion").increment(completion);
+}
+
+pub fn record_judge_cache(judge: &str, hit: bool) {
+    let result = if hit { "hit" } else { "miss" };
+    counter!(JUDGE_CACHE, "judge" => judge.to_string(), "result" => result).increment(1);
+}
+
+pub fn record_judge_repair(judge: &str, repaired: bool) {
+    let result = if repaired { "repaired" } else { "failed" };
+    counter!(JUDGE_REPAIRS, "judge" => judge.to_string(), "result" => result).increment(1);
+}
+
+pub fn record_judge_disagreement(judge: &str) {
+    counter!(JUDGE_DISAGREEMENT, "judge" => judge.to_string()).increment(1);
+}
+
+pub fn record_breaker_opened(judge: &str) {
+    counter!(JUDGE_BREAKER_OPENED, "judge" => judge.to_string()).increment(1);
+}
+
+pub fn record_cascade(cascade: &str, path: &'static str) {
+    counter!(CASCADE_PATHS, "cascade" => cascade.to_string(), "path" => path).increment(1);
 }

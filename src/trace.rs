@@ -32,6 +32,28 @@ pub enum ErrorCategory {
     Reasoning,
 }
 
+/// Who decided the verdict: a PRM alone, a judge alone, or a cascade that asked its judge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Path {
+    Prm,
+    Judge,
+    /// The PRM was unsure; the judge's index decided.
+    Escalated,
+    /// The PRM's index stands; the judge named its category.
+    Categorized,
+}
+
+impl Path {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Path::Prm => "prm",
+            Path::Judge => "judge",
+            Path::Escalated => "escalated",
+            Path::Categorized => "categorized",
+        }
+    }
+}
+
 /// How a trace's reward is computed from its step scores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -56,6 +78,7 @@ pub struct Judgement {
     pub queued: Duration,
     /// Time the model or the upstream judge took.
     pub inference: Duration,
+    pub path: Path,
 }
 
 /// The engine's answer: a judgement plus what the engine adds to it.
@@ -99,6 +122,7 @@ impl Judgement {
             rationale: None,
             queued: Duration::ZERO,
             inference: Duration::ZERO,
+            path: Path::Prm,
         }
     }
 }

@@ -3,7 +3,7 @@
 use super::pb;
 use crate::engine::EngineError;
 use crate::segment::segment;
-use crate::trace::{ErrorCategory, Step, Trace, Verdict};
+use crate::trace::{ErrorCategory, Path, Step, Trace, Verdict};
 use std::time::Duration;
 use tonic::metadata::MetadataMap;
 
@@ -128,6 +128,15 @@ pub fn category(c: ErrorCategory) -> pb::ErrorCategory {
     }
 }
 
+pub fn decision_path(p: Path) -> pb::DecisionPath {
+    match p {
+        Path::Prm => pb::DecisionPath::Prm,
+        Path::Judge => pb::DecisionPath::Judge,
+        Path::Escalated => pb::DecisionPath::Escalated,
+        Path::Categorized => pb::DecisionPath::Categorized,
+    }
+}
+
 /// Renders a verdict; offsets are filled only for steps the server segmented.
 pub fn response(id: String, trace: &Trace, v: Verdict) -> pb::EvaluateResponse {
     let j = &v.judgement;
@@ -163,6 +172,7 @@ pub fn response(id: String, trace: &Trace, v: Verdict) -> pb::EvaluateResponse {
         }),
         error: None,
         threshold: v.threshold,
+        path: decision_path(j.path) as i32,
     }
 }
 

@@ -1,5 +1,6 @@
 //! Configuration: a TOML file, `--set` overrides and flags/env become one validated `Config`.
 
+mod judge_rules;
 mod overrides;
 
 use crate::trace::Aggregate;
@@ -11,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 /// Evaluator kinds this build can serve; the others parse but stop startup.
-pub const SERVED_KINDS: &[Kind] = &[Kind::Prm];
+pub const SERVED_KINDS: &[Kind] = &[Kind::Prm, Kind::Judge, Kind::Cascade];
 
 /// Largest `max_in_flight` / `max_concurrency`: queues are allocated up front.
 pub const MAX_CAPACITY: usize = 1 << 20;
@@ -105,8 +106,22 @@ pub struct EvaluatorConfig {
     pub requests_per_minute: Option<u32>,
     pub retries: Option<u32>,
     pub reasoning: Option<bool>,
+    /// Extra JSON fields for the request body (`reasoning_effort`, `seed`...).
     pub extra_body: Option<toml::Table>,
-    pub prompt_template: Option<PathBuf>,
+    /// Folder whose `{domain}-{mode}.txt` files replace the built-in prompt templates.
+    pub prompts_dir: Option<PathBuf>,
+    /// Always send samples as parallel requests instead of one request with `n`.
+    pub parallel_samples: Option<bool>,
+    /// Consecutive failed upstream attempts that open the circuit breaker.
+    pub breaker_failures: Option<u32>,
+    /// Seconds the open breaker refuses calls before one probe.
+    pub breaker_cooldown_s: Option<f64>,
+    /// Entries in the temperature-0 response cache; 0 turns it off.
+    pub cache_entries: Option<usize>,
+    /// Ask once more, for the final two lines only, when a reply has no readable answer.
+    pub repair: Option<bool>,
+    /// The repair turn's text.
+    pub repair_prompt: Option<String>,
     // cascade
     pub prm: Option<String>,
     pub judge: Option<String>,
@@ -345,10 +360,13 @@ impl Config {
             Kind::Judge => {
                 need("base_url", e.base_url.is_some())?;
                 need("model", e.model.is_some())?;
+                judge_rules::check_judge(e).map_err(|m| self.fail(format!("{at}: {m}")))?;
             }
             Kind::Cascade => {
                 need("prm", e.prm.is_some())?;
                 need("judge", e.judge.is_some())?;
+                judge_rules::check_cascade(e, &self.evaluators)
+                    .map_err(|m| self.fail(format!("{at}: {m}")))?;
             }
         }
         if !SERVED_KINDS.contains(&e.kind) {
@@ -428,7 +446,13 @@ impl EvaluatorConfig {
             retries: None,
             reasoning: None,
             extra_body: None,
-            prompt_template: None,
+            prompts_dir: None,
+            parallel_samples: None,
+            breaker_failures: None,
+            breaker_cooldown_s: None,
+            cache_entries: None,
+            repair: None,
+            repair_prompt: None,
             prm: None,
             judge: None,
             escalate_margin: None,
@@ -438,7 +462,7 @@ impl EvaluatorConfig {
 
     /// Kind-specific keys that are set.
     fn present_keys(&self) -> Vec<&'static str> {
-        let flags: [(&'static str, bool); 21] = [
+        let flags: [(&'static str, bool); 28] = [
             ("family", self.family.is_some()),
             ("device", self.device.is_some()),
             ("dtype", self.dtype.is_some()),
@@ -456,6 +480,13 @@ impl EvaluatorConfig {
             ("retries", self.retries.is_some()),
             ("reasoning", self.reasoning.is_some()),
             ("extra_body", self.extra_body.is_some()),
+            ("prompts_dir", self.prompts_dir.is_some()),
+            ("parallel_samples", self.parallel_samples.is_some()),
+            ("breaker_failures", self.breaker_failures.is_some()),
+            ("breaker_cooldown_s", self.breaker_cooldown_s.is_some()),
+            ("cache_entries", self.cache_entries.is_some()),
+            ("repair", self.repair.is_some()),
+            ("repair_prompt", self.repair_prompt.is_some()),
             ("prm", self.prm.is_some()),
             ("judge", self.judge.is_some()),
             ("escalate_margin", self.escalate_margin.is_some()),
@@ -466,9 +497,6 @@ impl EvaluatorConfig {
             .filter(|(_, set)| *set)
             .map(|(k, _)| *k)
             .collect();
-        if self.prompt_template.is_some() {
-            keys.push("prompt_template");
-        }
         if self.model.is_some() {
             keys.push("model");
         }
@@ -500,7 +528,13 @@ fn key_applies(kind: Kind, key: &str) -> bool {
         "retries",
         "reasoning",
         "extra_body",
-        "prompt_template",
+        "prompts_dir",
+        "parallel_samples",
+        "breaker_failures",
+        "breaker_cooldown_s",
+        "cache_entries",
+        "repair",
+        "repair_prompt",
     ];
     const CASCADE: &[&str] = &["prm", "judge", "escalate_margin", "categorize"];
     match kind {

@@ -56,14 +56,129 @@ fn bad_values_are_named() {
     assert!(err.message.contains("default_evaluator"), "{err}");
 }
 
+const JUDGE: &str = "\n[[evaluator]]\nname = \"gpt-4o\"\nkind = \"judge\"\nbase_url = \"https://api.example.com/v1\"\nmodel = \"gpt-4o\"\napi_key_env = \"OPENAI_API_KEY\"\n";
+const CASCADE: &str = "\n[[evaluator]]\nname = \"both\"\nkind = \"cascade\"\nprm = \"qwen-prm\"\njudge = \"gpt-4o\"\n";
+
 #[test]
-fn unserved_kind_stops_startup() {
-    let text = format!(
-        "{EXAMPLE}\n[[evaluator]]\nname = \"gpt-4o\"\nkind = \"judge\"\nbase_url = \"https://api.example.com/v1\"\nmodel = \"gpt-4o\"\napi_key_env = \"OPENAI_API_KEY\"\n"
-    );
-    let err = parse(&text).unwrap_err();
-    assert!(err.message.contains("kind `judge` is not served"), "{err}");
-    assert!(err.message.contains("gpt-4o"), "{err}");
+fn judge_and_cascade_tables_validate() {
+    let config = parse(&format!("{EXAMPLE}{JUDGE}{CASCADE}")).expect("valid");
+    assert_eq!(config.evaluators.len(), 3);
+}
+
+#[test]
+fn bad_judge_and_cascade_values_are_named() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            JUDGE,
+            "base_url = \"https://api.example.com/v1\"",
+            "base_url = \"api.example.com\"",
+        ),
+        (
+            JUDGE,
+            "base_url = \"https://api.example.com/v1\"",
+            "base_url = \"ftp://x/v1\"",
+        ),
+        (JUDGE, "model = \"gpt-4o\"", "model = \" \""),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\ntemperature = 3.0",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\ntop_p = 0.0",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\nsamples = 65",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\nsamples = 5\ntemperature = 0.0",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\nreasoning = true\ntemperature = 1.0",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\ntimeout_s = 0",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\nretries = 11",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\nrequests_per_minute = 0",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\nbreaker_failures = 0",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\nextra_body = { n = 4 }",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\nrepair_prompt = \"\"",
+        ),
+        (
+            JUDGE,
+            "model = \"gpt-4o\"",
+            "model = \"gpt-4o\"\nfamily = \"chat-lm\"",
+        ),
+        (CASCADE, "prm = \"qwen-prm\"", "prm = \"nope\""),
+        (CASCADE, "prm = \"qwen-prm\"", "prm = \"gpt-4o\""),
+        (CASCADE, "judge = \"gpt-4o\"", "judge = \"qwen-prm\""),
+        (
+            CASCADE,
+            "judge = \"gpt-4o\"",
+            "judge = \"gpt-4o\"\nescalate_margin = 2.0",
+        ),
+    ];
+    let wants = [
+        "base_url",
+        "base_url",
+        "model",
+        "temperature",
+        "top_p",
+        "samples",
+        "samples > 1",
+        "reasoning = true",
+        "timeout_s",
+        "retries",
+        "requests_per_minute",
+        "breaker_failures",
+        "`n`",
+        "repair_prompt",
+        "`family` does not apply",
+        "prm \"nope\" names no",
+        "is a judge evaluator, not a prm",
+        "is a prm evaluator, not a judge",
+        "escalate_margin",
+    ];
+    for ((table, from, to), want) in cases.iter().zip(wants) {
+        let bad = table.replace(from, to);
+        let err = parse(&format!("{EXAMPLE}{JUDGE}{CASCADE}").replace(table, &bad)).unwrap_err();
+        assert!(err.message.contains(want), "{to}: {err}");
+        let name = if *table == JUDGE { "gpt-4o" } else { "both" };
+        assert!(
+            err.message.contains(name),
+            "{to}: {err} should name the evaluator"
+        );
+    }
 }
 
 #[test]

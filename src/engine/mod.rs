@@ -3,7 +3,7 @@
 
 mod registry;
 
-pub use registry::{Engine, EvaluatorLoader, EvaluatorStatus, Request};
+pub use registry::{Engine, EvaluatorLoader, EvaluatorStatus, Loaded, Request};
 
 use crate::trace::{Judgement, Trace};
 use futures::future::BoxFuture;
@@ -37,7 +37,8 @@ pub struct Job {
 pub trait Evaluator: Send + Sync + 'static {
     fn describe(&self) -> Description;
 
-    /// Whether it can answer now (a model thread that died, an open circuit breaker: false).
+    /// Whether it can answer now: false when a model thread died. An upstream judge's health is
+    /// not ours, so a judge stays ready while its breaker is open (it answers UNAVAILABLE fast).
     fn ready(&self) -> bool {
         true
     }

@@ -1,7 +1,7 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
 use super::{Description, EngineError, Evaluator, Job};
-use crate::config::{Config, EvaluatorConfig, ServerConfig};
+use crate::config::{Config, EvaluatorConfig, Kind, ServerConfig};
 use crate::metrics;
 use crate::trace::{Aggregate, Trace, Verdict};
 use std::collections::HashMap;
@@ -10,11 +10,15 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, timeout_at};
 
 /// Builds one evaluator from its table; runs on a blocking thread (it may load a model).
+/// `Loaded` holds the evaluators built before it, which a cascade wraps.
 pub type EvaluatorLoader = Arc<
-    dyn Fn(&EvaluatorConfig, &ServerConfig) -> Result<Arc<dyn Evaluator>, EngineError>
+    dyn Fn(&EvaluatorConfig, &ServerConfig, &Loaded) -> Result<Arc<dyn Evaluator>, EngineError>
         + Send
         + Sync,
 >;
+
+/// Evaluators loaded so far, by name.
+pub type Loaded = HashMap<String, Arc<dyn Evaluator>>;
 
 /// One request, parsed and structurally validated at the API edge.
 #[derive(Debug, Clone)]
@@ -106,17 +110,22 @@ impl Engine {
         })
     }
 
-    /// Loads every evaluator, in config order, on blocking threads; fails on the first error.
+    /// Loads every evaluator on blocking threads, in config order except that cascades come
+    /// last (they wrap others); fails on the first error.
     pub async fn load(
         &self,
         loader: EvaluatorLoader,
         server: &ServerConfig,
     ) -> Result<(), EngineError> {
-        for name in &self.order {
+        let mut order: Vec<&String> = self.order.iter().collect();
+        order.sort_by_key(|name| self.slots[*name].config.kind == Kind::Cascade);
+        let mut loaded = Loaded::new();
+        for name in order {
             let slot = &self.slots[name];
             let (loader, cfg, server) = (loader.clone(), slot.config.clone(), server.clone());
+            let before = loaded.clone();
             let started = std::time::Instant::now();
-            let evaluator = tokio::task::spawn_blocking(move || loader(&cfg, &server))
+            let evaluator = tokio::task::spawn_blocking(move || loader(&cfg, &server, &before))
                 .await
                 .map_err(|e| {
                     EngineError::Internal(format!("loading evaluator {name:?} panicked: {e}"))
@@ -124,6 +133,7 @@ impl Engine {
             metrics::record_model_load(name, started.elapsed());
             tracing::info!(evaluator = %name, seconds = started.elapsed().as_secs_f64(), "evaluator loaded");
             metrics::set_ready(name, true);
+            loaded.insert(name.clone(), evaluator.clone());
             let _ = slot.evaluator.set(evaluator);
         }
         self.loaded.send_replace(true);

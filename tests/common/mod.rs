@@ -92,7 +92,7 @@ pub fn fake_loader(
     counters: Arc<Counters>,
     gate: Option<Arc<Semaphore>>,
 ) -> EvaluatorLoader {
-    Arc::new(move |_cfg, _server| {
+    Arc::new(move |_cfg, _server, _loaded| {
         if let Some(g) = &gate {
             let handle = tokio::runtime::Handle::current();
             let permit = handle

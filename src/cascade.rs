@@ -1,0 +1,181 @@
+//! The `cascade` evaluator: a PRM scores every step, and its judge is asked only when the PRM is
+//! unsure (escalation) or, with `categorize`, to name the category of the error the PRM found.
+
+use crate::config::EvaluatorConfig;
+use crate::engine::{Description, EngineError, Evaluator, Job, Loaded};
+use crate::metrics;
+use crate::trace::{ErrorCategory, Judgement, Path};
+use futures::future::BoxFuture;
+use std::sync::Arc;
+
+/// Used when a cascade table leaves `escalate_margin` out.
+pub const DEFAULT_ESCALATE_MARGIN: f32 = 0.1;
+
+pub struct Cascade {
+    name: String,
+    prm: Arc<dyn Evaluator>,
+    judge: Arc<dyn Evaluator>,
+    prm_name: String,
+    judge_name: String,
+    margin: f32,
+    categorize: bool,
+}
+
+/// What the cascade does with one PRM judgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// The PRM is sure: its verdict stands.
+    Keep,
+    /// A step that decides the verdict scored within the margin of the threshold.
+    Escalate,
+    /// The PRM is sure of an error; the judge names its category.
+    Categorize,
+}
+
+/// Only steps up to and including the PRM's first error decide the verdict; an unsure score
+/// after it can't move the index, so it never costs a judge call.
+pub fn decide(
+    scores: &[f32],
+    first_error: Option<usize>,
+    threshold: f32,
+    margin: f32,
+    categorize: bool,
+) -> Decision {
+    let deciding = first_error
+        .map_or(scores.len(), |k| k + 1)
+        .min(scores.len());
+    if scores[..deciding]
+        .iter()
+        .any(|s| (s - threshold).abs() <= margin)
+    {
+        Decision::Escalate
+    } else if categorize && first_error.is_some() {
+        Decision::Categorize
+    } else {
+        Decision::Keep
+    }
+}
+
+/// Builds a cascade over evaluators loaded before it (`Engine::load` loads cascades last).
+pub fn load(config: &EvaluatorConfig, loaded: &Loaded) -> Result<Cascade, EngineError> {
+    let find = |key: &str, name: &Option<String>| {
+        let name = name.clone().unwrap_or_default();
+        loaded
+            .get(&name)
+            .cloned()
+            .map(|e| (name.clone(), e))
+            .ok_or_else(|| {
+                EngineError::Internal(format!(
+                    "cascade {:?}: {key} {name:?} is not loaded",
+                    config.name
+                ))
+            })
+    };
+    let (prm_name, prm) = find("prm", &config.prm)?;
+    let (judge_name, judge) = find("judge", &config.judge)?;
+    Ok(Cascade {
+        name: config.name.clone(),
+        prm,
+        judge,
+        prm_name,
+        judge_name,
+        margin: config.escalate_margin.unwrap_or(DEFAULT_ESCALATE_MARGIN),
+        categorize: config.categorize.unwrap_or(false),
+    })
+}
+
+impl Evaluator for Cascade {
+    fn describe(&self) -> Description {
+        Description {
+            kind: "cascade".into(),
+            family: format!("prm {:?} + judge {:?}", self.prm_name, self.judge_name),
+            model: format!(
+                "{} -> {}",
+                self.prm.describe().model,
+                self.judge.describe().model
+            ),
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.prm.ready() && self.judge.ready()
+    }
+
+    fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
+        Box::pin(async move {
+            let mut verdict = self.prm.evaluate(job.clone()).await?;
+            let decision = decide(
+                &verdict.step_scores,
+                verdict.first_error,
+                job.threshold,
+                self.margin,
+                self.categorize,
+            );
+            if decision == Decision::Keep {
+                metrics::record_cascade(&self.name, "prm");
+                return Ok(verdict);
+            }
+            let judged = match self.judge.evaluate(job).await {
+                Ok(j) => j,
+                // The PRM's verdict is still an answer: a judge outage degrades the cascade to
+                // its PRM instead of failing every request. The rationale and path say so.
+                Err(e) => {
+                    tracing::warn!(cascade = %self.name, error = %e, "judge failed; answering with the PRM's verdict");
+                    metrics::record_cascade(&self.name, "judge_failed");
+                    verdict.rationale = Some(format!("judge unavailable, PRM verdict kept: {e}"));
+                    return Ok(verdict);
+                }
+            };
+            verdict.inference += judged.inference;
+            match decision {
+                Decision::Escalate => {
+                    verdict.first_error = judged.first_error;
+                    verdict.category = judged.category;
+                    verdict.path = Path::Escalated;
+                    verdict.rationale = judged.rationale;
+                    metrics::record_cascade(&self.name, "escalated");
+                }
+                _ => {
+                    // The judge's category describes the step it found first; it names the PRM's
+                    // error only when the two agree on which step that is.
+                    if judged.first_error == verdict.first_error {
+                        verdict.category = judged.category;
+                        verdict.rationale = judged.rationale;
+                    } else {
+                        verdict.category = ErrorCategory::Unspecified;
+                        verdict.rationale = Some(format!(
+                            "the judge put the earliest error at step {}, not the PRM's; no category",
+                            judged.first_error.map_or(-1, |k| k as i64)
+                        ));
+                    }
+                    verdict.path = Path::Categorized;
+                    metrics::record_cascade(&self.name, "categorized");
+                }
+            }
+            Ok(verdict)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escalates_only_on_deciding_steps_near_the_threshold() {
+        let d = |scores: &[f32], first: Option<usize>, cat| decide(scores, first, 0.5, 0.1, cat);
+        assert_eq!(d(&[0.9, 0.8, 0.95], None, false), Decision::Keep);
+        assert_eq!(d(&[0.9, 0.55, 0.95], None, false), Decision::Escalate);
+        assert_eq!(d(&[0.9, 0.45, 0.95], Some(1), false), Decision::Escalate);
+        // After the first error nothing is deciding, however unsure.
+        assert_eq!(d(&[0.9, 0.1, 0.5], Some(1), false), Decision::Keep);
+        assert_eq!(d(&[0.9, 0.1, 0.5], Some(1), true), Decision::Categorize);
+        assert_eq!(d(&[0.9, 0.8], None, true), Decision::Keep);
+        // The margin is inclusive; a zero margin escalates only an exact tie.
+        assert_eq!(
+            decide(&[0.625], None, 0.5, 0.125, false),
+            Decision::Escalate
+        );
+        assert_eq!(decide(&[0.625], None, 0.5, 0.0, false), Decision::Keep);
+    }
+}
