@@ -1,6 +1,8 @@
 //! Test harness: fake evaluators (tests only) and an in-process server on 127.0.0.1:0.
 #![allow(dead_code)]
 
+pub mod upstream;
+
 use futures::future::BoxFuture;
 use retrace::api::pb;
 use retrace::config::Config;
