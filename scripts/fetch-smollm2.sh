@@ -24,7 +24,8 @@ complete() {
   done
 }
 
-if complete "$TARGET"; then
+# The GGUF stays in downloads/: the judge tests serve it with llama-server.
+if complete "$TARGET" && [ -s "$CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
   echo "smollm2: $TARGET is complete"
   exit 0
 fi

@@ -142,8 +142,9 @@ fn describe() {
     );
     describe_counter!(
         JUDGE_REQUESTS,
-        "Upstream judge exchanges, by judge and outcome (ok, parse_error, http_4xx, http_5xx, \
-         timeout, connect_error, bad_response, circuit_open)."
+        "Judge outcomes, by judge and outcome: replies read (ok, parse_error), failed upstream \
+         exchanges (http_4xx, http_5xx, timeout, connect_error, bad_response), refusals by the \
+         breaker (circuit_open)."
     );
     describe_histogram!(
         JUDGE_REQUEST_DURATION,
@@ -245,13 +246,14 @@ pub fn record_unauthenticated() {
     counter!(UNAUTHENTICATED).increment(1);
 }
 
-/// One upstream judge exchange (or a refusal by the breaker) and how long it took.
-pub fn record_judge_request(judge: &str, outcome: &'static str, elapsed: Duration) {
-    let judge = judge.to_string();
-    counter!(JUDGE_REQUESTS, "judge" => judge.clone(), "outcome" => outcome).increment(1);
-    if !elapsed.is_zero() {
-        histogram!(JUDGE_REQUEST_DURATION, "judge" => judge).record(elapsed.as_secs_f64());
-    }
+/// One judge outcome: a reply read, a failed exchange, or a refusal by the breaker.
+pub fn record_judge_request(judge: &str, outcome: &'static str) {
+    counter!(JUDGE_REQUESTS, "judge" => judge.to_string(), "outcome" => outcome).increment(1);
+}
+
+/// How long one upstream exchange took, whatever its outcome.
+pub fn record_judge_latency(judge: &str, elapsed: Duration) {
+    histogram!(JUDGE_REQUEST_DURATION, "judge" => judge.to_string()).record(elapsed.as_secs_f64());
 }
 
 pub fn judge_in_flight(judge: &str, delta: f64) {

@@ -146,7 +146,7 @@ impl Caller {
                 .await?;
             }
             let permit = self.breaker.acquire(Instant::now()).map_err(|open| {
-                metrics::record_judge_request(&self.judge, "circuit_open", Duration::ZERO);
+                metrics::record_judge_request(&self.judge, "circuit_open");
                 CallError::CircuitOpen(open.retry_in)
             })?;
             let started = Instant::now();
@@ -160,6 +160,7 @@ impl Caller {
                     .await
                     .unwrap_or(Err(AttemptError::Timeout))
             };
+            metrics::record_judge_latency(&self.judge, started.elapsed());
             let error = match result {
                 Ok(reply) => {
                     permit.record(false, Instant::now());
@@ -167,7 +168,7 @@ impl Caller {
                 }
                 Err(e) => e,
             };
-            metrics::record_judge_request(&self.judge, error.outcome(), started.elapsed());
+            metrics::record_judge_request(&self.judge, error.outcome());
             if permit.record(error.upstream_unwell(), Instant::now()) {
                 metrics::record_breaker_opened(&self.judge);
                 tracing::warn!(judge = %self.judge, error = %error, "circuit breaker opened");

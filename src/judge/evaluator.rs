@@ -85,7 +85,7 @@ impl JudgeEvaluator {
             } else {
                 "parse_error"
             };
-            metrics::record_judge_request(&self.name, outcome, std::time::Duration::ZERO);
+            metrics::record_judge_request(&self.name, outcome);
         }
         let parsed: Vec<_> = samples.iter().map(|s| s.parsed.clone()).collect();
         let Some(vote) = parse::vote(&parsed) else {
