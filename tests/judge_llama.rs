@@ -120,7 +120,8 @@ async fn judge_and_cascade_against_llama_server() {
         ("RETRACE_TEST_JUDGE_KEY", KEY),
         ("RETRACE_TEST_BAD_KEY", "wrong-key"),
     ];
-    let (_retrace, channel, metrics) = spawn_retrace(&path, &envs).await;
+    let (_retrace, channel, metrics) =
+        spawn_retrace(&["--config".as_ref(), path.as_os_str()], &envs).await;
     let mut c = pb::evaluator_client::EvaluatorClient::new(channel);
     let eval = |name: &str| request("t", name, trace());
 

@@ -7,8 +7,6 @@ use common::*;
 use futures::StreamExt;
 use retrace::api::pb;
 use serde::Deserialize;
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
 #[derive(Deserialize)]
 struct Expected {
@@ -42,49 +40,7 @@ async fn embedded_default_serves_smollm2_end_to_end() {
         "{} is missing: run scripts/fetch-smollm2.sh",
         model.display()
     );
-    let (grpc, metrics) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_retrace"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            &format!("127.0.0.1:{grpc}"),
-            "--metrics-addr",
-            &format!("127.0.0.1:{metrics}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut server = ChildGuard(child);
-    let url = format!("http://127.0.0.1:{grpc}");
-    let channel = loop {
-        if let Ok(c) = tonic::transport::Channel::from_shared(url.clone())
-            .unwrap()
-            .connect()
-            .await
-        {
-            break c;
-        }
-        assert!(
-            server.0.try_wait().unwrap().is_none(),
-            "server exited early"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-    for i in 0.. {
-        let s = health
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .unwrap();
-        if s.into_inner().status == 1 {
-            break;
-        }
-        assert!(i < 1200, "never became SERVING");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (mut server, channel, metrics) = spawn_retrace(&[], &[]).await;
     let mut c = pb::evaluator_client::EvaluatorClient::new(channel.clone());
     let list = c
         .list_evaluators(pb::ListEvaluatorsRequest {})
@@ -165,7 +121,7 @@ async fn embedded_default_serves_smollm2_end_to_end() {
         n += 1;
     }
     assert_eq!(n, sample.len());
-    let text = scrape(format!("127.0.0.1:{metrics}").parse().unwrap()).await;
+    let text = scrape(metrics).await;
     assert!(
         sample_value(&text, "retrace_batch_size_count") >= 1.0,
         "{text}"

@@ -93,10 +93,6 @@ impl Caller {
         }
     }
 
-    pub fn upstream(&self) -> &Upstream {
-        &self.upstream
-    }
-
     /// Sends `body`, answering from the cache when `cacheable` (deterministic sampling) and the
     /// same body was answered before. Dropping the future cancels the exchange in progress.
     pub async fn call(

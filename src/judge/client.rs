@@ -267,10 +267,6 @@ impl Upstream {
         })
     }
 
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
     /// One exchange, with no timeout of its own: the caller bounds it, and dropping the future
     /// drops the connection, which is how a caller that left cancels the upstream's work.
     pub async fn send(&self, body: &Value) -> Result<Reply, AttemptError> {

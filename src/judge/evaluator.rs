@@ -40,7 +40,9 @@ impl Evaluator for JudgeEvaluator {
     fn describe(&self) -> Description {
         Description {
             kind: "judge".into(),
-            family: self.caller.upstream().url().to_string(),
+            // The protocol, not the URL: ListEvaluators is open to every client, and an internal
+            // address is the operator's business.
+            family: "openai-chat".into(),
             model: self.params.model.clone(),
         }
     }

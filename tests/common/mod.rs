@@ -255,16 +255,16 @@ impl Drop for ChildGuard {
     }
 }
 
-/// A `retrace serve` child process with `config`, and a channel to it once it is SERVING.
+/// A `retrace serve` child process with `args` (on free ports of 127.0.0.1), and a channel to it
+/// once it is SERVING; also its metrics address.
 pub async fn spawn_retrace(
-    config: &std::path::Path,
+    args: &[&std::ffi::OsStr],
     envs: &[(&str, &str)],
 ) -> (ChildGuard, Channel, SocketAddr) {
     let (grpc, metrics) = (free_port(), free_port());
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
         .arg("serve")
-        .arg("--config")
-        .arg(config)
+        .args(args)
         .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
         .envs(envs.iter().copied())
