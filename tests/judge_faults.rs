@@ -421,6 +421,33 @@ async fn samples_vote_through_n_or_parallel_requests() {
 }
 
 #[tokio::test]
+async fn a_refused_n_falls_back_to_parallel_requests() {
+    let up = Upstream::start(reply("\\boxed{0}\nCategory: Reasoning")).await;
+    let s = judge_server("j-no-n", &up, "samples = 4\ntemperature = 0.8").await;
+    // llama.cpp's own words when `n` exceeds its slots.
+    let refusal = "Field 'n': Value must be between 1 <= value <= 2, but got 4";
+    up.script([Fault::Status(400, None, refusal.into())]);
+    let r = judge(&s, "j-no-n", None).await.unwrap();
+    assert_eq!(r.first_error_index, 0);
+    assert_eq!(
+        up.hits(),
+        5,
+        "the refused request, then four single samples"
+    );
+    assert!(up.bodies()[1..].iter().all(|b| b.get("n").is_none()));
+    // Any other 400 is the caller's problem, not a reason to fan out.
+    up.script([Fault::Status(400, None, "bad model".into())]);
+    let s2 = judge_server("j-no-n2", &up, "samples = 4\ntemperature = 0.8").await;
+    assert_eq!(
+        judge(&s2, "j-no-n2", None).await.unwrap_err().code(),
+        Code::Unavailable
+    );
+    assert_eq!(up.hits(), 6);
+    s.stop().await.unwrap();
+    s2.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn greedy_replies_are_cached() {
     let up = Upstream::start(reply(GOOD)).await;
     let s = judge_server("j-cache", &up, "").await;

@@ -124,10 +124,18 @@ impl JudgeEvaluator {
         }];
         let mut choices: Vec<(Choice, bool)> = Vec::new();
         if self.samples > 1 && !self.parallel.load(Ordering::Relaxed) {
-            let got = self.send(&turns, self.samples, deadline).await?;
-            let cached = got.cached;
-            let first = got.reply.choices.iter().take(self.samples as usize);
-            choices.extend(first.map(|c| (c.clone(), cached)));
+            match self.send(&turns, self.samples, deadline).await {
+                Ok(got) => {
+                    let first = got.reply.choices.iter().take(self.samples as usize);
+                    choices.extend(first.map(|c| (c.clone(), got.cached)));
+                }
+                // A server that refuses this `n` (llama.cpp allows at most its slot count) is
+                // asked again with one request per sample.
+                Err(e) if refuses_n(&e) => {
+                    tracing::warn!(judge = %self.name, error = %e, "upstream refuses `n`");
+                }
+                Err(e) => return Err(e),
+            }
             if choices.len() < self.samples as usize {
                 // Servers without `n` (some OpenAI-compatible gateways) answer one choice; from
                 // now on this judge sends parallel requests instead.
@@ -221,6 +229,20 @@ impl JudgeEvaluator {
             let r = &got.reply;
             metrics::record_judge_tokens(&self.name, r.prompt_tokens, r.completion_tokens);
         }
+    }
+}
+
+/// A 400 whose reason names the `n` field.
+fn refuses_n(e: &JudgeError) -> bool {
+    match e {
+        JudgeError::Call(super::CallError::Upstream {
+            error:
+                super::client::AttemptError::Status {
+                    code: 400, reason, ..
+                },
+            ..
+        }) => ["'n'", "\"n\"", "`n`"].iter().any(|q| reason.contains(q)),
+        _ => false,
     }
 }
 
