@@ -548,3 +548,41 @@ async fn a_cascade_escalates_categorizes_or_keeps_the_prm_verdict() {
     );
     s.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn prompt_templates_are_overridden_from_prompts_dir() {
+    let dir = std::env::temp_dir().join(format!("retrace-prompts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let custom = "Check {question}\n{tagged_steps}\nAnswer as \\boxed{i}.";
+    std::fs::write(dir.join("math-reference-free.txt"), custom).unwrap();
+    let up = Upstream::start(reply(GOOD)).await;
+    let extra = format!("prompts_dir = \"{}\"", dir.display());
+    let s = judge_server("j-prompts", &up, &extra).await;
+    judge(&s, "j-prompts", None).await.unwrap();
+    let prompt = up.bodies()[0]["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        prompt.starts_with("Check What is 2 + 3?\n<paragraph_0>"),
+        "{prompt}"
+    );
+    s.stop().await.unwrap();
+
+    // A template missing a placeholder stops startup, naming the file.
+    std::fs::write(
+        dir.join("math-reference-free.txt"),
+        "No steps here: {question}",
+    )
+    .unwrap();
+    let text = format!(
+        "[[evaluator]]\nname = \"j-bad-prompt\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"m\"\n{extra}\n",
+        up.base_url()
+    );
+    let config = Config::parse(&text, "test config", &[]).unwrap();
+    let s = TestServer::start(config, retrace::default_loader()).await;
+    let err = s.handle.await.unwrap().unwrap_err().to_string();
+    assert!(err.contains("math-reference-free.txt"), "{err}");
+    assert!(err.contains("{tagged_steps}"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
