@@ -1,5 +1,7 @@
 //! The `retrace` command line: parses flags and hands off to the library; nothing else.
 
+mod bench;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use retrace::config::Config;
@@ -29,6 +31,11 @@ enum Command {
     Eval(retrace::eval::EvalOptions),
     /// Scores traces once, sweeps the PRM threshold, and prints the F1-maximising config line.
     Calibrate(retrace::eval::CalibrateOptions),
+    /// Measures scoring speed here: retrace over gRPC (a `retrace serve` it starts, or --server)
+    /// next to llama-server following RLHFlow's one-request-per-step procedure on the same model
+    /// and traces, against the machine's measured f32 matmul peak; prints the side-by-side table
+    /// (medians over alternating rounds, ratios) and, with --scaling, writes the scaling plot.
+    Bench(bench::BenchOptions),
 }
 
 #[derive(clap::Args)]
@@ -181,6 +188,7 @@ async fn main() -> anyhow::Result<()> {
             .await
             .map(drop)
             .map_err(Into::into),
+        Command::Bench(opts) => bench::bench(opts).await.map(drop),
         Command::CheckConfig(args) => {
             let config = args.load()?;
             print!("{}", config.redacted_toml());
