@@ -7,6 +7,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use retrace::config::Config;
 use std::path::PathBuf;
 
+/// A large batch allocates activations of tens of MiB per op; glibc malloc serves those with
+/// fresh mmaps (a page fault and a zeroed page per 4 KiB, every time), mimalloc from reused memory.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "retrace",

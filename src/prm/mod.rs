@@ -8,6 +8,7 @@ mod head;
 pub mod model;
 mod model_config;
 mod template;
+mod weights;
 
 pub use batcher::{BatchError, Budget, next_batch};
 

@@ -2,6 +2,7 @@
 //! chunked attention, sharded checkpoints and the load errors.
 
 use super::*;
+use candle_core::Tensor;
 use std::time::Instant;
 
 const FAMILIES: [&str; 5] = [
