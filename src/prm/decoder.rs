@@ -62,10 +62,39 @@ pub struct Decoder {
 }
 
 /// One batch row inside the packed token stream: its tokens are rows `start..start + len`.
+/// A row's own tokens sit at positions `pos0..pos0 + len`; positions `0..pos0` are the batch's
+/// shared prefix, whose tokens sit once at `prefix_start..prefix_start + pos0` of the stream.
 struct Seq {
     start: usize,
     len: usize,
+    pos0: usize,
+    prefix_start: usize,
 }
+
+impl Seq {
+    /// This row's keys (or values) at positions `k_start..k_start + k_len`, from the shared
+    /// prefix and its own tokens: `t` is (1, nkv, stream, hd).
+    fn keys(&self, t: &Tensor, k_start: usize, k_len: usize) -> Result<Tensor> {
+        let end = k_start + k_len;
+        let mut parts = Vec::with_capacity(2);
+        if k_start < self.pos0 {
+            let n = self.pos0.min(end) - k_start;
+            parts.push(t.narrow(2, self.prefix_start + k_start, n)?);
+        }
+        let own = k_start.max(self.pos0);
+        if end > own {
+            parts.push(t.narrow(2, self.start + own - self.pos0, end - own)?);
+        }
+        match parts.len() {
+            1 => parts[0].contiguous(),
+            _ => Tensor::cat(&parts, 2),
+        }
+    }
+}
+
+/// Shortest prefix worth sharing: below it, the per-row copies of its keys cost about what
+/// recomputing it would.
+const MIN_SHARED_PREFIX: usize = 16;
 
 /// Query rows of one attention call. `Full`: every token of every row, each row's queries in
 /// the chunks of its plan for the layer's window (`plans[w][row]`). `Gathered`: only the rows a
@@ -87,7 +116,7 @@ struct Plan {
     rows: Vec<Vec<Chunk>>,
 }
 
-/// Queries `start..start + len` (in the row's query stream) over the row's keys
+/// Queries `start..start + len` (in the row's query stream) over the row's keys at positions
 /// `k_start..k_start + mask's last dim`, with the mask shaped to broadcast over
 /// (1, nkv, group, len, keys). Keys after the chunk are masked for all its queries, and so are
 /// keys before its first query's window: both are left out.
@@ -158,16 +187,17 @@ impl Plan {
         let rows = seqs
             .iter()
             .map(|seq| {
-                let l = seq.len;
+                let (l, p0) = (seq.len, seq.pos0);
                 // Rows are attended one at a time, so the budget is per row.
-                let chunk = (budget / (4 * n_heads * l.max(1))).clamp(1, QUERY_BLOCK);
+                let chunk = (budget / (4 * n_heads * (p0 + l).max(1))).clamp(1, QUERY_BLOCK);
                 (0..l)
                     .step_by(chunk)
                     .map(|start| {
                         let len = chunk.min(l - start);
-                        let k_start = window.map_or(0, |w| (start + 1).saturating_sub(w));
-                        let q_pos = Tensor::arange(start as u32, (start + len) as u32, dev)?;
-                        let mask = mask(&q_pos, k_start, start + len - k_start, window)?;
+                        let first = p0 + start;
+                        let k_start = window.map_or(0, |w| (first + 1).saturating_sub(w));
+                        let q_pos = Tensor::arange(first as u32, (first + len) as u32, dev)?;
+                        let mask = mask(&q_pos, k_start, first + len - k_start, window)?;
                         let mask = mask.reshape((1, 1, 1, len, ()))?;
                         Ok(Chunk {
                             start,
@@ -259,11 +289,10 @@ impl Attention {
             // A row with nothing to read has no queries in the last layer.
             for c in chunks.iter().filter(|c| c.len > 0) {
                 let k_len = c.mask.dim(D::Minus1)?;
-                let keys = seq.start + c.k_start;
                 outs.push(self.attend(
                     &q.narrow(2, q_start + c.start, c.len)?.contiguous()?,
-                    &k.narrow(2, keys, k_len)?.contiguous()?,
-                    &v.narrow(2, keys, k_len)?.contiguous()?,
+                    &seq.keys(&k, c.k_start, k_len)?,
+                    &seq.keys(&v, c.k_start, k_len)?,
                     &c.mask,
                 )?);
             }
@@ -287,6 +316,32 @@ impl Attention {
             .to_dtype(v.dtype())?
             .reshape((b, self.n_kv, group * c, kl))?;
         probs.matmul(v)?.reshape((b, nh, c, hd))
+    }
+}
+
+/// How many leading tokens every row that is read shares (at least two such rows), when that is
+/// worth computing once: capped below every read position, so each read lies in its row's own
+/// tokens. Causality makes the prefix's hidden states the same in every row, so sharing is exact.
+/// (chat-lm and the chat-template families open every trace with the same system prompt.)
+fn shared_prefix(rows: &[&[u32]], positions: &[&[usize]], lens: &[usize]) -> usize {
+    let live: Vec<usize> = (0..rows.len()).filter(|&i| lens[i] > 0).collect();
+    if live.len() < 2 {
+        return 0;
+    }
+    let first = &rows[live[0]][..lens[live[0]]];
+    let mut shared = live
+        .iter()
+        .flat_map(|&i| positions[i].iter().copied())
+        .min()
+        .unwrap_or(0);
+    for &i in &live[1..] {
+        let row = &rows[i][..lens[i]];
+        shared = shared.min(first.iter().zip(row).take_while(|(a, b)| a == b).count());
+    }
+    if shared >= MIN_SHARED_PREFIX {
+        shared
+    } else {
+        0
     }
 }
 
@@ -391,9 +446,7 @@ impl Decoder {
             )
         }
         let dev = self.embeddings().device().clone();
-        let mut ids = Vec::new();
-        let mut seqs = Vec::with_capacity(rows.len());
-        let mut token_pos: Vec<u32> = Vec::new();
+        let mut lens = Vec::with_capacity(rows.len());
         for (row, pos) in rows.iter().zip(positions) {
             if let Some(p) = pos.iter().find(|p| **p >= row.len()) {
                 candle_core::bail!("position {p} outside a row of length {}", row.len())
@@ -405,19 +458,49 @@ impl Decoder {
                     self.rope.cos.dim(0)?
                 )
             }
+            lens.push(len);
+        }
+        let shared = shared_prefix(rows, positions, &lens);
+        tracing::debug!(
+            rows = rows.len(),
+            tokens = lens.iter().sum::<usize>(),
+            shared,
+            "packed batch"
+        );
+        // The stream: the shared prefix once (a row of its own that nothing reads), then each
+        // row's own tokens.
+        let mut ids: Vec<u32> = Vec::new();
+        let mut token_pos: Vec<u32> = Vec::new();
+        let mut seqs = Vec::with_capacity(rows.len() + 1);
+        if shared > 0 {
+            let first = rows[lens.iter().position(|l| *l > 0).unwrap_or(0)];
+            ids.extend_from_slice(&first[..shared]);
+            token_pos.extend(0..shared as u32);
+            seqs.push(Seq {
+                start: 0,
+                len: shared,
+                pos0: 0,
+                prefix_start: 0,
+            });
+        }
+        for (row, &len) in rows.iter().zip(&lens) {
+            let pos0 = if len > 0 { shared } else { 0 };
             seqs.push(Seq {
                 start: ids.len(),
-                len,
+                len: len - pos0,
+                pos0,
+                prefix_start: 0,
             });
-            ids.extend_from_slice(&row[..len]);
-            token_pos.extend(0..len as u32);
+            ids.extend_from_slice(&row[pos0..len]);
+            token_pos.extend(pos0 as u32..len as u32);
         }
         // Packed stream index of every read, in order, and each row's query chunk for the last
         // layer (which only computes those rows).
+        let row_seqs = &seqs[seqs.len() - rows.len()..];
         let mut read_idx: Vec<u32> = Vec::new();
         let mut read_pos: Vec<u32> = Vec::new();
-        for (seq, pos) in seqs.iter().zip(positions) {
-            read_idx.extend(pos.iter().map(|p| (seq.start + p) as u32));
+        for (seq, pos) in row_seqs.iter().zip(positions) {
+            read_idx.extend(pos.iter().map(|p| (seq.start + p - seq.pos0) as u32));
             read_pos.extend(pos.iter().map(|p| *p as u32));
         }
         let h = self.embed_tokens.hidden_size();
@@ -449,6 +532,15 @@ impl Decoder {
         // The last layer: queries, attention output and MLP for the read rows only.
         let window = last.self_attn.window;
         let mut chunks = Vec::with_capacity(seqs.len());
+        if shared > 0 {
+            // The prefix row: nothing to read.
+            chunks.push(Chunk {
+                start: 0,
+                len: 0,
+                k_start: 0,
+                mask: Tensor::zeros((1, 1, 1, 0, 1), DType::F32, &dev)?,
+            });
+        }
         let mut start = 0;
         for pos in positions {
             let lo = pos.iter().min().copied().unwrap_or(0);
@@ -486,5 +578,26 @@ impl Decoder {
         let residual = x.index_select(&read_idx, 0)?;
         let rows = last.forward(&x, &residual, &seqs, &cos, &sin, &gathered)?;
         self.norm.forward(&rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_prefix_is_the_common_start_below_every_read() {
+        let a: Vec<u32> = (0..40).collect();
+        let mut b = a.clone();
+        b[30] = 999;
+        let (ra, rb): (&[u32], &[u32]) = (&a, &b);
+        let lens = [40, 40];
+        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[35]], &lens), 30);
+        // Capped by the earliest read.
+        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[20]], &lens), 20);
+        // Too short to be worth it, a single row, or a row with nothing to read.
+        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[10]], &lens), 0);
+        assert_eq!(shared_prefix(&[ra], &[&[39]], &[40]), 0);
+        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[]], &[40, 0]), 0);
     }
 }
