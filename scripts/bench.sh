@@ -2,11 +2,11 @@
 # Regenerates the README's Performance table: fetches SmolLM2-135M-Instruct and builds llama.cpp's
 # llama-server when missing, writes the f32 GGUF llama-server loads (the same numbers retrace
 # loads: both are the Q4_1 GGUF dequantized to f32), builds retrace in release, and runs
-# `retrace bench` with the arguments given (default: the README's run).
+# `retrace bench` with the arguments given (its defaults are the README's run: 64 traces, 3 rounds).
 #
 # Usage: scripts/bench.sh [retrace bench flags...]
-#   e.g. scripts/bench.sh --limit 16 --rounds 1     (a quick look)
-#        scripts/bench.sh --scaling                  (also the scaling sweep -> docs/bench-scaling.svg)
+#   e.g. scripts/bench.sh --scaling --out docs/bench.md   (the README's table and plot)
+#        scripts/bench.sh --limit 16 --rounds 1           (a quick look)
 # Env: RETRACE_CACHE_DIR (default ~/.cache/retrace), CARGO_TARGET_DIR, PROCESSBENCH_DIR.
 # Idempotent: every step is skipped when its output is already there.
 set -euo pipefail
@@ -29,7 +29,4 @@ if [ ! -s "$GGUF_F32" ]; then
 fi
 nice cargo build --release --locked
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/retrace"
-if [ "$#" -eq 0 ]; then
-  set -- --limit 64 --rounds 3
-fi
 exec "$BIN" bench --data "$DATA" --llama-gguf "$GGUF_F32" "$@"

@@ -89,7 +89,7 @@ pub struct BenchOptions {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
     pub scaling_batches: Vec<usize>,
     /// Skip sweep points with more than this many tokens per forward pass.
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, default_value_t = 8192)]
     pub scaling_max_tokens: usize,
     /// Where the sweep's SVG goes.
     #[arg(long, default_value = "docs/bench-scaling.svg")]
