@@ -1,6 +1,6 @@
-//! The model thread and its queue: requests are packed into batches by a token budget, padded on
-//! the right, and scored in one forward pass; work whose caller left or whose deadline passed is
-//! dropped before it reaches the model.
+//! The model thread and its queue: requests are packed into batches by a token budget (the model
+//! packs their rows end to end, no padding) and scored in one forward pass; work whose caller
+//! left or whose deadline passed is dropped before it reaches the model.
 
 use super::format::Encoded;
 use super::model::PrmModel;

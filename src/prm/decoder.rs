@@ -1,13 +1,14 @@
 //! One decoder-only transformer for Llama, Mistral and Qwen2 checkpoints that returns the final
 //! (normed) hidden states only at the positions a scoring head reads.
 //!
-//! Written for scoring, not generation: no KV cache, causal masks built per call, right-padded
-//! batches (a real token never sees the pads after it, so padding is exact), RoPE tables computed
-//! in f32 (then cast, as transformers does), attention softmax in f32, queries chunked so score
-//! memory stays bounded. The last layer runs attention queries and the MLP only for the gathered
+//! Written for scoring, not generation: no KV cache, causal masks built per call, batches packed
+//! end to end without padding (each row attends over its own keys; see `packing`), RoPE tables
+//! computed in f32 (then cast, as transformers does), attention softmax in f32, queries in blocks
+//! that skip the masked upper triangle and keep score memory bounded. The last layer runs attention queries and the MLP only for the gathered
 //! rows, since nothing else of it is read.
 
 use super::model_config::ModelConfig;
+use super::packing::{Seq, shared_prefix};
 use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder, rotary_emb::rope};
 
@@ -62,40 +63,6 @@ pub struct Decoder {
 }
 
 /// One batch row inside the packed token stream: its tokens are rows `start..start + len`.
-/// A row's own tokens sit at positions `pos0..pos0 + len`; positions `0..pos0` are the batch's
-/// shared prefix, whose tokens sit once at `prefix_start..prefix_start + pos0` of the stream.
-struct Seq {
-    start: usize,
-    len: usize,
-    pos0: usize,
-    prefix_start: usize,
-}
-
-impl Seq {
-    /// This row's keys (or values) at positions `k_start..k_start + k_len`, from the shared
-    /// prefix and its own tokens: `t` is (1, nkv, stream, hd).
-    fn keys(&self, t: &Tensor, k_start: usize, k_len: usize) -> Result<Tensor> {
-        let end = k_start + k_len;
-        let mut parts = Vec::with_capacity(2);
-        if k_start < self.pos0 {
-            let n = self.pos0.min(end) - k_start;
-            parts.push(t.narrow(2, self.prefix_start + k_start, n)?);
-        }
-        let own = k_start.max(self.pos0);
-        if end > own {
-            parts.push(t.narrow(2, self.start + own - self.pos0, end - own)?);
-        }
-        match parts.len() {
-            1 => parts[0].contiguous(),
-            _ => Tensor::cat(&parts, 2),
-        }
-    }
-}
-
-/// Shortest prefix worth sharing: below it, the per-row copies of its keys cost about what
-/// recomputing it would.
-const MIN_SHARED_PREFIX: usize = 16;
-
 /// Query rows of one attention call. `Full`: every token of every row, each row's queries in
 /// the chunks of its plan for the layer's window (`plans[w][row]`). `Gathered`: only the rows a
 /// head reads, `idx` into the packed stream, with each row's queries `chunks[row]` (one chunk).
@@ -316,32 +283,6 @@ impl Attention {
             .to_dtype(v.dtype())?
             .reshape((b, self.n_kv, group * c, kl))?;
         probs.matmul(v)?.reshape((b, nh, c, hd))
-    }
-}
-
-/// How many leading tokens every row that is read shares (at least two such rows), when that is
-/// worth computing once: capped below every read position, so each read lies in its row's own
-/// tokens. Causality makes the prefix's hidden states the same in every row, so sharing is exact.
-/// (chat-lm and the chat-template families open every trace with the same system prompt.)
-fn shared_prefix(rows: &[&[u32]], positions: &[&[usize]], lens: &[usize]) -> usize {
-    let live: Vec<usize> = (0..rows.len()).filter(|&i| lens[i] > 0).collect();
-    if live.len() < 2 {
-        return 0;
-    }
-    let first = &rows[live[0]][..lens[live[0]]];
-    let mut shared = live
-        .iter()
-        .flat_map(|&i| positions[i].iter().copied())
-        .min()
-        .unwrap_or(0);
-    for &i in &live[1..] {
-        let row = &rows[i][..lens[i]];
-        shared = shared.min(first.iter().zip(row).take_while(|(a, b)| a == b).count());
-    }
-    if shared >= MIN_SHARED_PREFIX {
-        shared
-    } else {
-        0
     }
 }
 
@@ -578,26 +519,5 @@ impl Decoder {
         let residual = x.index_select(&read_idx, 0)?;
         let rows = last.forward(&x, &residual, &seqs, &cos, &sin, &gathered)?;
         self.norm.forward(&rows)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shared_prefix_is_the_common_start_below_every_read() {
-        let a: Vec<u32> = (0..40).collect();
-        let mut b = a.clone();
-        b[30] = 999;
-        let (ra, rb): (&[u32], &[u32]) = (&a, &b);
-        let lens = [40, 40];
-        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[35]], &lens), 30);
-        // Capped by the earliest read.
-        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[20]], &lens), 20);
-        // Too short to be worth it, a single row, or a row with nothing to read.
-        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[10]], &lens), 0);
-        assert_eq!(shared_prefix(&[ra], &[&[39]], &[40]), 0);
-        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[]], &[40, 0]), 0);
     }
 }

@@ -7,6 +7,7 @@ pub mod format;
 mod head;
 pub mod model;
 mod model_config;
+mod packing;
 mod template;
 mod weights;
 
