@@ -14,6 +14,7 @@
 //! A request takes three hops: api -> engine -> evaluator. `run` is the whole server.
 
 pub mod api;
+pub mod bench;
 pub mod cascade;
 pub mod config;
 pub mod engine;

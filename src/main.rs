@@ -5,6 +5,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use retrace::config::Config;
 use std::path::PathBuf;
 
+/// A large batch allocates activations of tens of MiB per op; glibc malloc serves those with
+/// fresh mmaps (a page fault and a zeroed page per 4 KiB, every time), mimalloc from reused memory.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "retrace",
@@ -29,6 +34,11 @@ enum Command {
     Eval(retrace::eval::EvalOptions),
     /// Scores traces once, sweeps the PRM threshold, and prints the F1-maximising config line.
     Calibrate(retrace::eval::CalibrateOptions),
+    /// Measures scoring speed here: retrace over gRPC (a `retrace serve` it starts, or --server)
+    /// next to llama-server following RLHFlow's one-request-per-step procedure on the same model
+    /// and traces, against the machine's measured f32 matmul peak; prints the side-by-side table
+    /// (medians over alternating rounds, ratios) and, with --scaling, writes the scaling plot.
+    Bench(retrace::bench::BenchOptions),
 }
 
 #[derive(clap::Args)]
@@ -181,6 +191,7 @@ async fn main() -> anyhow::Result<()> {
             .await
             .map(drop)
             .map_err(Into::into),
+        Command::Bench(opts) => retrace::bench::bench(opts).await.map(drop),
         Command::CheckConfig(args) => {
             let config = args.load()?;
             print!("{}", config.redacted_toml());

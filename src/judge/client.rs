@@ -251,15 +251,7 @@ pub struct Upstream {
 impl Upstream {
     /// `base_url` is the API root, e.g. `http://127.0.0.1:8080/v1`.
     pub fn new(base_url: &str, api_key: Option<Secret>) -> Result<Upstream, String> {
-        // reqwest is built without a bundled crypto provider; use ring, as tonic's TLS does, so
-        // one provider serves the whole process. Installing twice is harmless.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .user_agent(concat!("retrace/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        let http = http_client()?;
         Ok(Upstream {
             http,
             url: format!("{}/chat/completions", base_url.trim_end_matches('/')),
@@ -304,6 +296,19 @@ impl Upstream {
         }
         read_reply(content_type.as_deref(), &body)
     }
+}
+
+/// The process's HTTP client settings (judges, and the bench's llama-server client).
+pub fn http_client() -> Result<reqwest::Client, String> {
+    // reqwest is built without a bundled crypto provider; use ring, as tonic's TLS does, so one
+    // provider serves the whole process. Installing twice is harmless.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .pool_idle_timeout(Duration::from_secs(60))
+        .user_agent(concat!("retrace/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
 }
 
 /// reqwest's Display stops at "error sending request"; the cause (refused, reset) is below.

@@ -1,6 +1,6 @@
-//! The model thread and its queue: requests are packed into batches by a token budget, padded on
-//! the right, and scored in one forward pass; work whose caller left or whose deadline passed is
-//! dropped before it reaches the model.
+//! The model thread and its queue: requests are packed into batches by a token budget (the model
+//! packs their rows end to end, no padding) and scored in one forward pass; work whose caller
+//! left or whose deadline passed is dropped before it reaches the model.
 
 use super::format::Encoded;
 use super::model::PrmModel;
@@ -15,7 +15,8 @@ use tokio::sync::oneshot;
 /// How batches are cut.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Budget {
-    /// Most padded tokens (rows x longest row) per batch; a longer single trace runs alone.
+    /// Most tokens per batch (rows are packed end to end, not padded, so this is their sum);
+    /// a longer single trace runs alone.
     pub max_batch_tokens: usize,
     pub max_batch_size: usize,
     /// How long the first request of a batch may wait for company.
@@ -60,18 +61,16 @@ pub struct Batcher {
 }
 
 /// How many requests from the front of the queue go into the next batch: as many as fit the
-/// budget, padded to the longest of them, and always at least one.
+/// budget, and always at least one. The model packs rows without padding, so a batch costs the
+/// sum of its lengths and a long trace doesn't inflate its neighbours.
 pub fn next_batch(lengths: impl IntoIterator<Item = usize>, budget: &Budget) -> usize {
     let mut count = 0;
-    let mut longest = 0;
+    let mut total = 0;
     for len in lengths {
-        let l = longest.max(len);
-        if count > 0
-            && (count == budget.max_batch_size || (count + 1) * l > budget.max_batch_tokens)
-        {
+        if count > 0 && (count == budget.max_batch_size || total + len > budget.max_batch_tokens) {
             break;
         }
-        longest = l;
+        total += len;
         count += 1;
     }
     count
@@ -200,7 +199,6 @@ fn score(name: &str, model: &PrmModel, batch: Vec<Pending>) {
         .iter()
         .map(|p| p.encoded.positions.as_slice())
         .collect();
-    let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
     let real: usize = rows.iter().map(|r| r.len()).sum();
     let result = model
         .score(&rows, &positions)
@@ -213,7 +211,8 @@ fn score(name: &str, model: &PrmModel, batch: Vec<Pending>) {
             }
         });
     let inference = started.elapsed();
-    metrics::record_batch(name, batch.len(), longest * batch.len(), real);
+    // Packed, not padded: the tokens computed are the real ones.
+    metrics::record_batch(name, batch.len(), real, real);
     metrics::record_stage(name, metrics::Stage::Inference, inference);
     match result {
         Ok(scores) => {
@@ -248,15 +247,15 @@ mod tests {
     }
 
     #[test]
-    fn cuts_by_padded_tokens() {
+    fn cuts_by_packed_tokens() {
         let b = budget(100, 8);
         assert_eq!(next_batch([], &b), 0);
         assert_eq!(next_batch([10, 10, 10], &b), 3);
-        // 4 rows padded to 30 = 120 > 100: three fit.
-        assert_eq!(next_batch([10, 20, 30, 10], &b), 3);
-        // A long row would raise everyone's padding past the budget: it waits for the next batch.
-        assert_eq!(next_batch([10, 10, 60], &b), 2);
-        assert_eq!(next_batch([60, 10], &b), 1);
+        // The sum counts, not rows x the longest: 10 + 20 + 30 + 10 = 70 fits.
+        assert_eq!(next_batch([10, 20, 30, 10], &b), 4);
+        // 10 + 10 + 90 = 110 > 100: the long row waits for the next batch.
+        assert_eq!(next_batch([10, 10, 90], &b), 2);
+        assert_eq!(next_batch([60, 40, 1], &b), 2);
         assert_eq!(next_batch([50, 50, 1], &b), 2);
     }
 

@@ -1,19 +1,26 @@
 //! One decoder-only transformer for Llama, Mistral and Qwen2 checkpoints that returns the final
 //! (normed) hidden states only at the positions a scoring head reads.
 //!
-//! Written for scoring, not generation: no KV cache, causal masks built per call, right-padded
-//! batches (a real token never sees the pads after it, so padding is exact), RoPE tables computed
-//! in f32 (then cast, as transformers does), attention softmax in f32, queries chunked so score
-//! memory stays bounded. The last layer runs attention queries and the MLP only for the gathered
+//! Written for scoring, not generation: no KV cache, causal masks built per call, batches packed
+//! end to end without padding (each row attends over its own keys; see `packing`), RoPE tables
+//! computed in f32 (then cast, as transformers does), attention softmax in f32, queries in blocks
+//! that skip the masked upper triangle and keep score memory bounded. The last layer runs attention queries and the MLP only for the gathered
 //! rows, since nothing else of it is read.
 
 use super::model_config::ModelConfig;
+use super::packing::{Seq, shared_prefix};
 use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder, rotary_emb::rope};
 
 /// Bytes of f32 attention scores one query chunk may take; longer inputs are split into chunks
 /// of query rows so memory grows as L * chunk instead of L * L.
 const SCORES_BUDGET_BYTES: usize = 256 << 20;
+
+/// Most queries per attention chunk. A chunk attends only to keys up to its last query, so
+/// smaller chunks skip more of the causally masked upper triangle (whole-row chunks computed,
+/// exponentiated and masked all of it: at 1,024 tokens attention took ~45% of the forward for
+/// ~14% of its useful FLOPs); 128 queries still make matmuls large enough to run near peak.
+const QUERY_BLOCK: usize = 128;
 
 struct Attention {
     q_proj: Linear,
@@ -55,27 +62,31 @@ pub struct Decoder {
     pub(super) scores_budget: usize,
 }
 
-/// Query rows of one attention call: `Full` is every position 0..L of every row, in the chunks of
-/// the plan for the layer's window; `Gathered` is, per batch row, the same number `m` of positions
-/// (shorter lists padded by repeating one).
+/// One batch row inside the packed token stream: its tokens are rows `start..start + len`.
+/// Query rows of one attention call. `Full`: every token of every row, each row's queries in
+/// the chunks of its plan for the layer's window (`plans[w][row]`). `Gathered`: only the rows a
+/// head reads, `idx` into the packed stream, with each row's queries `chunks[row]` (one chunk).
 enum Queries<'a> {
     Full(&'a [Plan]),
     Gathered {
-        positions: &'a [Vec<usize>],
-        m: usize,
+        idx: &'a Tensor,
+        cos: &'a Tensor,
+        sin: &'a Tensor,
+        chunks: &'a [Chunk],
     },
 }
 
-/// How the full layers with one sliding window (or none) split their queries into chunks, with
-/// each chunk's mask built once per forward and shared by all those layers.
+/// How every row splits its queries into chunks for the layers with one sliding window (or
+/// none), with each chunk's mask built once per forward and shared by all those layers.
 struct Plan {
     window: Option<usize>,
-    chunks: Vec<Chunk>,
+    rows: Vec<Vec<Chunk>>,
 }
 
-/// Queries `start..start + len` over keys `k_start..k_start + mask's last dim`, with the mask
-/// shaped to broadcast over (B, nkv, group, len, keys). Keys after the chunk are masked for all
-/// its queries, and so are keys before its first query's window: both are left out.
+/// Queries `start..start + len` (in the row's query stream) over the row's keys at positions
+/// `k_start..k_start + mask's last dim`, with the mask shaped to broadcast over
+/// (1, nkv, group, len, keys). Keys after the chunk are masked for all its queries, and so are
+/// keys before its first query's window: both are left out.
 struct Chunk {
     start: usize,
     len: usize,
@@ -133,24 +144,39 @@ fn mask(q_pos: &Tensor, k_start: usize, k_len: usize, window: Option<usize>) -> 
 }
 
 impl Plan {
-    fn new(l: usize, chunk: usize, window: Option<usize>, dev: &Device) -> Result<Self> {
-        let chunks = (0..l)
-            .step_by(chunk)
-            .map(|start| {
-                let len = chunk.min(l - start);
-                let k_start = window.map_or(0, |w| (start + 1).saturating_sub(w));
-                let q_pos = Tensor::arange(start as u32, (start + len) as u32, dev)?;
-                let mask = mask(&q_pos, k_start, start + len - k_start, window)?;
-                let mask = mask.reshape((1, 1, 1, len, ()))?;
-                Ok(Chunk {
-                    start,
-                    len,
-                    k_start,
-                    mask,
-                })
+    fn new(
+        seqs: &[Seq],
+        budget: usize,
+        n_heads: usize,
+        window: Option<usize>,
+        dev: &Device,
+    ) -> Result<Self> {
+        let rows = seqs
+            .iter()
+            .map(|seq| {
+                let (l, p0) = (seq.len, seq.pos0);
+                // Rows are attended one at a time, so the budget is per row.
+                let chunk = (budget / (4 * n_heads * (p0 + l).max(1))).clamp(1, QUERY_BLOCK);
+                (0..l)
+                    .step_by(chunk)
+                    .map(|start| {
+                        let len = chunk.min(l - start);
+                        let first = p0 + start;
+                        let k_start = window.map_or(0, |w| (first + 1).saturating_sub(w));
+                        let q_pos = Tensor::arange(first as u32, (first + len) as u32, dev)?;
+                        let mask = mask(&q_pos, k_start, first + len - k_start, window)?;
+                        let mask = mask.reshape((1, 1, 1, len, ()))?;
+                        Ok(Chunk {
+                            start,
+                            len,
+                            k_start,
+                            mask,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { window, chunks })
+        Ok(Self { window, rows })
     }
 }
 
@@ -175,74 +201,83 @@ impl Attention {
         })
     }
 
-    /// `x`: normed input (B, L, H). Returns (B, L, H) for `Full`, (B, m, H) for `Gathered`.
-    fn forward(&self, x: &Tensor, rope: &Rope, queries: &Queries) -> Result<Tensor> {
-        let (b, l, _) = x.dims3()?;
+    /// `x`: the normed packed stream (N, H); `cos`, `sin`: each token's RoPE rows (N, hd / 2).
+    /// Returns (N, H) for `Full`, (rows of `idx`, H) for `Gathered`.
+    fn forward(
+        &self,
+        x: &Tensor,
+        seqs: &[Seq],
+        cos: &Tensor,
+        sin: &Tensor,
+        queries: &Queries,
+    ) -> Result<Tensor> {
+        let n = x.dim(0)?;
         let hd = self.head_dim;
-        let heads = |t: Tensor, n: usize, rows: usize| {
-            t.reshape((b, rows, n, hd))?.transpose(1, 2)?.contiguous()
+        // (rows, n * hd) -> (1, n, rows, hd): heads first, so a row's tokens are one narrow.
+        let heads = |t: Tensor, nh: usize, rows: usize| {
+            t.reshape((1, rows, nh, hd))?.transpose(1, 2)?.contiguous()
         };
-        let k = heads(self.k_proj.forward(x)?, self.n_kv, l)?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv, l)?;
-        let k = rope_apply(&k, &rope.cos.narrow(0, 0, l)?, &rope.sin.narrow(0, 0, l)?)?;
-        let one_chunk: [Chunk; 1];
-        let (q, rows, chunks) = match queries {
-            Queries::Full(plans) => {
-                let q = heads(self.q_proj.forward(x)?, self.n_heads, l)?;
-                let q = rope_apply(&q, &rope.cos.narrow(0, 0, l)?, &rope.sin.narrow(0, 0, l)?)?;
-                let plan = plans.iter().find(|p| p.window == self.window);
-                let plan = plan.ok_or_else(|| candle_core::Error::Msg("no plan".into()))?;
-                (q, l, plan.chunks.as_slice())
+        let k = heads(self.k_proj.forward(x)?, self.n_kv, n)?;
+        let k = rope_apply(&k, cos, sin)?;
+        let v = heads(self.v_proj.forward(x)?, self.n_kv, n)?;
+        // The softmax scale goes on the queries (rows x hd) rather than the scores (rows x keys).
+        let scale = 1.0 / (hd as f64).sqrt();
+        let (q, rows) = match queries {
+            Queries::Full(_) => {
+                let q = heads((self.q_proj.forward(x)? * scale)?, self.n_heads, n)?;
+                (rope_apply(&q, cos, sin)?, n)
             }
-            Queries::Gathered { positions, m } => {
-                let (m, dev) = (*m, x.device());
-                let xq = gather_rows(x, positions, m)?;
-                let q = heads(self.q_proj.forward(&xq)?, self.n_heads, m)?;
-                let flat: Vec<u32> = positions.iter().flatten().map(|p| *p as u32).collect();
-                let pos = Tensor::from_vec(flat, b * m, dev)?;
-                let cos = rope.cos.index_select(&pos, 0)?.reshape((b, m, hd / 2))?;
-                let sin = rope.sin.index_select(&pos, 0)?.reshape((b, m, hd / 2))?;
-                // One chunk, leaving out the keys no query reads (after the last position,
-                // before the first one's window).
-                let lo = positions.iter().flatten().min().copied().unwrap_or(0);
-                let hi = positions.iter().flatten().max().copied().unwrap_or(0);
-                let k_start = self.window.map_or(0, |w| (lo + 1).saturating_sub(w));
-                let mask = mask(&pos, k_start, hi + 1 - k_start, self.window)?;
-                let mask = mask.reshape((b, 1, 1, m, ()))?;
-                one_chunk = [Chunk {
-                    start: 0,
-                    len: m,
-                    k_start,
-                    mask,
-                }];
-                (rope_apply(&q, &cos, &sin)?, m, one_chunk.as_slice())
+            Queries::Gathered {
+                idx,
+                cos: qcos,
+                sin: qsin,
+                ..
+            } => {
+                let m = idx.dim(0)?;
+                let xq = x.index_select(idx, 0)?;
+                let q = heads((self.q_proj.forward(&xq)? * scale)?, self.n_heads, m)?;
+                (rope_apply(&q, qcos, qsin)?, m)
             }
         };
-        let mut outs = Vec::with_capacity(chunks.len());
-        for c in chunks {
-            let k_len = c.mask.dim(D::Minus1)?;
-            outs.push(self.attend(
-                &q.narrow(2, c.start, c.len)?.contiguous()?,
-                &k.narrow(2, c.k_start, k_len)?.contiguous()?,
-                &v.narrow(2, c.k_start, k_len)?.contiguous()?,
-                &c.mask,
-            )?);
+        let mut outs = Vec::new();
+        for (row, seq) in seqs.iter().enumerate() {
+            // Where the row's queries begin: its tokens for `Full`; for `Gathered`, chunk starts
+            // are already offsets into the gathered rows.
+            let mut q_start = 0;
+            let chunks: &[Chunk] = match queries {
+                Queries::Full(plans) => {
+                    let plan = plans.iter().find(|p| p.window == self.window);
+                    let plan = plan.ok_or_else(|| candle_core::Error::Msg("no plan".into()))?;
+                    q_start = seq.start;
+                    &plan.rows[row]
+                }
+                Queries::Gathered { chunks, .. } => std::slice::from_ref(&chunks[row]),
+            };
+            // A row with nothing to read has no queries in the last layer.
+            for c in chunks.iter().filter(|c| c.len > 0) {
+                let k_len = c.mask.dim(D::Minus1)?;
+                outs.push(self.attend(
+                    &q.narrow(2, q_start + c.start, c.len)?.contiguous()?,
+                    &seq.keys(&k, c.k_start, k_len)?,
+                    &seq.keys(&v, c.k_start, k_len)?,
+                    &c.mask,
+                )?);
+            }
         }
         let o = Tensor::cat(&outs, 2)?.transpose(1, 2)?;
-        self.o_proj
-            .forward(&o.reshape((b, rows, self.n_heads * hd))?)
+        self.o_proj.forward(&o.reshape((rows, self.n_heads * hd))?)
     }
 
-    /// Eager attention for q (B, nh, C, hd) over k, v (B, nkv, K, hd) with an additive f32 mask
-    /// broadcastable to (B, 1, 1, C, K). Grouped-query heads are folded into the query rows so
-    /// k and v are never repeated.
+    /// Eager attention for scaled q (B, nh, C, hd) over k, v (B, nkv, K, hd) with an additive
+    /// f32 mask broadcastable to (B, 1, 1, C, K). Grouped-query heads are folded into the query
+    /// rows so k and v are never repeated.
     fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
         let (b, nh, c, hd) = q.dims4()?;
         let group = nh / self.n_kv;
         let kl = k.dim(2)?;
         let q = q.reshape((b, self.n_kv, group * c, hd))?;
         let scores = q.matmul(&k.t()?)?.to_dtype(DType::F32)?;
-        let scores = (scores.reshape((b, self.n_kv, group, c, kl))? * (1.0 / (hd as f64).sqrt()))?;
+        let scores = scores.reshape((b, self.n_kv, group, c, kl))?;
         let probs = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(mask)?)?;
         let probs = probs
             .to_dtype(v.dtype())?
@@ -293,12 +328,14 @@ impl Layer {
         &self,
         x: &Tensor,
         residual: &Tensor,
-        rope: &Rope,
+        seqs: &[Seq],
+        cos: &Tensor,
+        sin: &Tensor,
         queries: &Queries,
     ) -> Result<Tensor> {
-        let h = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, rope, queries)?;
+        let h =
+            self.self_attn
+                .forward(&self.input_layernorm.forward(x)?, seqs, cos, sin, queries)?;
         let x = (residual + h)?;
         let h = self
             .mlp
@@ -333,92 +370,154 @@ impl Decoder {
         self.embed_tokens.embeddings()
     }
 
-    /// `ids`: a right-padded (B, L) u32 batch; `positions[b]`: the positions of row `b` to return
-    /// (each < L and within the row's real tokens). Returns the final normed hidden states at those
-    /// positions, (N, H) in row-major gather order, in the model dtype.
-    pub fn forward(&self, ids: &Tensor, positions: &[&[usize]]) -> Result<Tensor> {
-        let (b, l) = ids.dims2()?;
-        if positions.len() != b {
-            candle_core::bail!("{} position lists for a batch of {b}", positions.len())
-        }
-        if let Some(p) = positions.iter().flat_map(|p| p.iter()).find(|p| **p >= l) {
-            candle_core::bail!("position {p} outside a batch of length {l}")
-        }
-        if l > self.rope.cos.dim(0)? {
+    /// `rows`: the batch's token ids, any lengths; `positions[b]`: the positions of row `b` to
+    /// return (each within the row). Returns the final normed hidden states at those positions,
+    /// (N, H) in row-major order, in the model dtype.
+    ///
+    /// The rows are packed end to end, never padded: every matmul runs on real tokens only and
+    /// each row attends over its own keys, so cost follows the sum of lengths (and of squared
+    /// lengths for attention) rather than rows x the longest. Tokens after a row's last read
+    /// position are dropped: under the causal mask nothing read depends on them.
+    pub fn forward(&self, rows: &[&[u32]], positions: &[&[usize]]) -> Result<Tensor> {
+        if positions.len() != rows.len() {
             candle_core::bail!(
-                "input of {l} tokens exceeds max_position_embeddings {}",
-                self.rope.cos.dim(0)?
+                "{} position lists for a batch of {}",
+                positions.len(),
+                rows.len()
             )
         }
-        // Each row's positions padded to the longest list by repeating one of them; the copies
-        // are computed and dropped.
-        let m = positions.iter().map(|p| p.len()).max().unwrap_or(0);
-        if m == 0 {
-            return Tensor::zeros(
-                (0, self.embed_tokens.hidden_size()),
-                self.embeddings().dtype(),
-                ids.device(),
-            );
+        let dev = self.embeddings().device().clone();
+        let mut lens = Vec::with_capacity(rows.len());
+        for (row, pos) in rows.iter().zip(positions) {
+            if let Some(p) = pos.iter().find(|p| **p >= row.len()) {
+                candle_core::bail!("position {p} outside a row of length {}", row.len())
+            }
+            let len = pos.iter().max().map_or(0, |p| p + 1);
+            if len > self.rope.cos.dim(0)? {
+                candle_core::bail!(
+                    "input of {len} tokens exceeds max_position_embeddings {}",
+                    self.rope.cos.dim(0)?
+                )
+            }
+            lens.push(len);
         }
-        let padded: Vec<Vec<usize>> = positions
-            .iter()
-            .map(|p| {
-                let fill = p.last().copied().unwrap_or(0);
-                p.iter()
-                    .copied()
-                    .chain(std::iter::repeat_n(fill, m - p.len()))
-                    .collect()
-            })
-            .collect();
-        let keep: Vec<u32> = positions
-            .iter()
-            .enumerate()
-            .flat_map(|(row, p)| (0..p.len()).map(move |i| (row * m + i) as u32))
-            .collect();
-        let gathered = Queries::Gathered {
-            positions: &padded,
-            m,
-        };
+        let shared = shared_prefix(rows, positions, &lens);
+        tracing::debug!(
+            rows = rows.len(),
+            tokens = lens.iter().sum::<usize>(),
+            shared,
+            "packed batch"
+        );
+        // The stream: the shared prefix once (a row of its own that nothing reads), then each
+        // row's own tokens.
+        let mut ids: Vec<u32> = Vec::new();
+        let mut token_pos: Vec<u32> = Vec::new();
+        let mut seqs = Vec::with_capacity(rows.len() + 1);
+        if shared > 0 {
+            let first = rows[lens.iter().position(|l| *l > 0).unwrap_or(0)];
+            ids.extend_from_slice(&first[..shared]);
+            token_pos.extend(0..shared as u32);
+            seqs.push(Seq {
+                start: 0,
+                len: shared,
+                pos0: 0,
+                prefix_start: 0,
+            });
+        }
+        for (row, &len) in rows.iter().zip(&lens) {
+            let pos0 = if len > 0 { shared } else { 0 };
+            seqs.push(Seq {
+                start: ids.len(),
+                len: len - pos0,
+                pos0,
+                prefix_start: 0,
+            });
+            ids.extend_from_slice(&row[pos0..len]);
+            token_pos.extend(pos0 as u32..len as u32);
+        }
+        // Packed stream index of every read, in order, and each row's query chunk for the last
+        // layer (which only computes those rows).
+        let row_seqs = &seqs[seqs.len() - rows.len()..];
+        let mut read_idx: Vec<u32> = Vec::new();
+        let mut read_pos: Vec<u32> = Vec::new();
+        for (seq, pos) in row_seqs.iter().zip(positions) {
+            read_idx.extend(pos.iter().map(|p| (seq.start + p - seq.pos0) as u32));
+            read_pos.extend(pos.iter().map(|p| *p as u32));
+        }
+        let h = self.embed_tokens.hidden_size();
+        if read_idx.is_empty() {
+            return Tensor::zeros((0, h), self.embeddings().dtype(), &dev);
+        }
+        let n = ids.len();
+        let ids = Tensor::from_vec(ids, n, &dev)?;
+        let token_pos = Tensor::from_vec(token_pos, n, &dev)?;
+        let cos = self.rope.cos.index_select(&token_pos, 0)?;
+        let sin = self.rope.sin.index_select(&token_pos, 0)?;
+        let read_count = read_idx.len();
+        let read_idx = Tensor::from_vec(read_idx, read_count, &dev)?;
 
-        let mut x = self.embed_tokens.forward(ids)?;
+        let mut x = self.embed_tokens.forward(&ids)?;
         let Some((last, full)) = self.layers.split_last() else {
-            let rows = gather_rows(&x, &padded, m)?;
-            return self.finish(&rows, &keep);
+            return self.norm.forward(&x.index_select(&read_idx, 0)?);
         };
-        let chunk = (self.scores_budget / (4 * b * self.n_heads * l)).clamp(1, l);
         let mut plans: Vec<Plan> = Vec::new();
         for w in full.iter().map(|layer| layer.self_attn.window) {
             if !plans.iter().any(|p| p.window == w) {
-                plans.push(Plan::new(l, chunk, w, ids.device())?);
+                plans.push(Plan::new(&seqs, self.scores_budget, self.n_heads, w, &dev)?);
             }
         }
         for layer in full {
-            x = layer.forward(&x, &x, &self.rope, &Queries::Full(&plans))?;
+            x = layer.forward(&x, &x, &seqs, &cos, &sin, &Queries::Full(&plans))?;
         }
-        let residual = gather_rows(&x, &padded, m)?;
-        let rows = last.forward(&x, &residual, &self.rope, &gathered)?;
-        self.finish(&rows, &keep)
+        drop(plans);
+        // The last layer: queries, attention output and MLP for the read rows only.
+        let window = last.self_attn.window;
+        let mut chunks = Vec::with_capacity(seqs.len());
+        if shared > 0 {
+            // The prefix row: nothing to read.
+            chunks.push(Chunk {
+                start: 0,
+                len: 0,
+                k_start: 0,
+                mask: Tensor::zeros((1, 1, 1, 0, 1), DType::F32, &dev)?,
+            });
+        }
+        let mut start = 0;
+        for pos in positions {
+            let lo = pos.iter().min().copied().unwrap_or(0);
+            let hi = pos.iter().max().copied().unwrap_or(0);
+            let k_start = window.map_or(0, |w| (lo + 1).saturating_sub(w));
+            let mask = match pos.is_empty() {
+                true => Tensor::zeros((1, 1, 1, 0, 1), DType::F32, &dev)?,
+                false => {
+                    let q_pos: Vec<u32> = pos.iter().map(|p| *p as u32).collect();
+                    let q_pos = Tensor::from_vec(q_pos, pos.len(), &dev)?;
+                    mask(&q_pos, k_start, hi + 1 - k_start, window)?.reshape((
+                        1,
+                        1,
+                        1,
+                        pos.len(),
+                        (),
+                    ))?
+                }
+            };
+            chunks.push(Chunk {
+                start,
+                len: pos.len(),
+                k_start,
+                mask,
+            });
+            start += pos.len();
+        }
+        let read_pos = Tensor::from_vec(read_pos, read_count, &dev)?;
+        let gathered = Queries::Gathered {
+            idx: &read_idx,
+            cos: &self.rope.cos.index_select(&read_pos, 0)?,
+            sin: &self.rope.sin.index_select(&read_pos, 0)?,
+            chunks: &chunks,
+        };
+        let residual = x.index_select(&read_idx, 0)?;
+        let rows = last.forward(&x, &residual, &seqs, &cos, &sin, &gathered)?;
+        self.norm.forward(&rows)
     }
-
-    /// Final norm on the (B, m, H) gathered rows, then drop the padding copies -> (N, H).
-    fn finish(&self, rows: &Tensor, keep: &[u32]) -> Result<Tensor> {
-        let (b, m, h) = rows.dims3()?;
-        let keep = Tensor::from_slice(keep, keep.len(), rows.device())?;
-        self.norm
-            .forward(&rows.reshape((b * m, h))?.index_select(&keep, 0)?)
-    }
-}
-
-/// Rows `positions[b][i]` of `x` (B, L, H) -> (B, m, H).
-fn gather_rows(x: &Tensor, positions: &[Vec<usize>], m: usize) -> Result<Tensor> {
-    let (b, l, h) = x.dims3()?;
-    let idx: Vec<u32> = positions
-        .iter()
-        .enumerate()
-        .flat_map(|(row, p)| p.iter().map(move |i| (row * l + i) as u32))
-        .collect();
-    let idx = Tensor::from_vec(idx, b * m, x.device())?;
-    x.reshape((b * l, h))?
-        .index_select(&idx, 0)?
-        .reshape((b, m, h))
 }

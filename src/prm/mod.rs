@@ -7,7 +7,9 @@ pub mod format;
 mod head;
 pub mod model;
 mod model_config;
+mod packing;
 mod template;
+mod weights;
 
 pub use batcher::{BatchError, Budget, next_batch};
 

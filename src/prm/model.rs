@@ -5,8 +5,9 @@ use super::decoder::Decoder;
 use super::head::Head;
 pub use super::head::HeadSpec;
 use super::model_config::ModelConfig;
+use super::weights::FileTensors;
 use candle_core::safetensors::MmapedSafetensors;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use std::path::{Path, PathBuf};
 
@@ -38,12 +39,11 @@ pub struct PrmModel {
     config: ModelConfig,
     decoder: Decoder,
     head: Head,
-    device: Device,
 }
 
 impl PrmModel {
     /// Loads `folder/config.json` and the weights (`model.safetensors`, or the shards named by
-    /// `model.safetensors.index.json`), memory-mapped and converted to `dtype` on `device`.
+    /// `model.safetensors.index.json`), read and converted to `dtype` on `device`.
     pub fn load(
         folder: &Path,
         head: HeadSpec,
@@ -58,9 +58,13 @@ impl PrmModel {
             reason: e.reason,
         })?;
         let files = weight_files(folder)?;
+        // Read, not mapped: a map's touched pages stayed resident until it was dropped, so
+        // loading peaked at twice the weights (1.06 GiB VmHWM for SmolLM2's 0.51 GiB).
+        let vb =
+            VarBuilder::from_backend(Box::new(FileTensors::open(&files)?), dtype, device.clone());
         // SAFETY: the files are mapped read-only; like every mmap-based loader, this relies on
-        // nobody rewriting a checkpoint while a server has it loaded.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
+        // nobody rewriting a checkpoint while a server has it loaded. Only the head reads from
+        // this map (a few rows of an untied lm_head), so few of its pages are ever resident.
         let weights = unsafe { MmapedSafetensors::multi(&files)? };
         let decoder = Decoder::new(&config, vb.clone())?;
         let head = Head::load(head, &config, vb, &weights, decoder.embeddings())?;
@@ -68,7 +72,6 @@ impl PrmModel {
             config,
             decoder,
             head,
-            device: device.clone(),
         })
     }
 
@@ -82,8 +85,8 @@ impl PrmModel {
     }
 
     /// Scores a batch in one forward pass: row `b` is read at `positions[b]` (in that order), and
-    /// its scores in [0, 1] come back in the same order. Rows are right-padded with id 0, which is
-    /// exact under the causal mask.
+    /// its scores in [0, 1] come back in the same order. Rows are packed, not padded (see
+    /// `Decoder::forward`).
     pub fn score(
         &self,
         batch: &[&[u32]],
@@ -96,7 +99,6 @@ impl PrmModel {
                 positions.len()
             )));
         }
-        let len = batch.iter().map(|r| r.len()).max().unwrap_or(0);
         for (b, (row, pos)) in batch.iter().zip(positions).enumerate() {
             if row.len() > self.max_positions() {
                 return Err(ModelError::BadInput(format!(
@@ -123,13 +125,7 @@ impl PrmModel {
         if positions.iter().all(|p| p.is_empty()) {
             return Ok(vec![Vec::new(); batch.len()]);
         }
-        let mut ids = Vec::with_capacity(batch.len() * len);
-        for row in batch {
-            ids.extend_from_slice(row);
-            ids.resize(ids.len() + len - row.len(), 0);
-        }
-        let ids = Tensor::from_vec(ids, (batch.len(), len), &self.device)?;
-        let hidden = self.decoder.forward(&ids, positions)?;
+        let hidden = self.decoder.forward(batch, positions)?;
         let mut flat = self.head.scores(&hidden)?.into_iter();
         Ok(positions
             .iter()

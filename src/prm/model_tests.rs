@@ -2,6 +2,7 @@
 //! chunked attention, sharded checkpoints and the load errors.
 
 use super::*;
+use candle_core::Tensor;
 use std::time::Instant;
 
 const FAMILIES: [&str; 5] = [
@@ -280,4 +281,42 @@ fn device_names() {
 fn the_model_can_move_to_and_be_shared_by_a_backend_thread() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<PrmModel>();
+}
+
+#[test]
+fn a_shared_prefix_is_computed_once_and_exactly() {
+    // math-shepherd has a 16-token sliding window (shorter than the shared prefix); rlhflow and
+    // chat-lm are what sharing is for (every trace opens with the same chat template text).
+    for family in ["math-shepherd", "rlhflow", "chat-lm"] {
+        let model = load(family, DType::F32);
+        let vocab = model.vocab_size() as u32;
+        let prefix: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % vocab).collect();
+        let rows: Vec<Vec<u32>> = [25usize, 60, 9]
+            .iter()
+            .enumerate()
+            .map(|(r, &n)| {
+                let mut row = prefix.clone();
+                row.extend((0..n as u32).map(|i| (i * 13 + 5 + r as u32 * 101) % vocab));
+                row
+            })
+            .collect();
+        // Reads after the prefix, one right at its end, and one row whose first read lies
+        // inside it (which caps what can be shared).
+        let positions: Vec<Vec<usize>> = vec![vec![40, 52, 64], vec![45, 99], vec![30, 48]];
+        let refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
+        let pos: Vec<&[usize]> = positions.iter().map(Vec::as_slice).collect();
+        for (take, what) in [(2, "whole prefix shared"), (3, "prefix capped at a read")] {
+            let batched = model.score(&refs[..take], &pos[..take]).unwrap();
+            for i in 0..take {
+                let alone = model.score(&refs[i..i + 1], &pos[i..i + 1]).unwrap();
+                let d = batched[i]
+                    .iter()
+                    .zip(&alone[0])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(d < 1e-5, "{family}, {what}, row {i}: diff {d}");
+                assert_eq!(batched[i].len(), positions[i].len());
+            }
+        }
+    }
 }

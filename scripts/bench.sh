@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Regenerates the README's Performance table: fetches SmolLM2-135M-Instruct and builds llama.cpp's
+# llama-server when missing, writes the f32 GGUF llama-server loads (the same numbers retrace
+# loads: both are the Q4_1 GGUF dequantized to f32), builds retrace in release, and runs
+# `retrace bench` with the arguments given (its defaults are the README's run: 64 traces, 3 rounds).
+#
+# Usage: scripts/bench.sh [retrace bench flags...]
+#   e.g. scripts/bench.sh --scaling --out docs/bench.md   (the README's table and plot)
+#        scripts/bench.sh --limit 16 --rounds 1           (a quick look)
+# Env: RETRACE_CACHE_DIR (default ~/.cache/retrace), CARGO_TARGET_DIR, PROCESSBENCH_DIR.
+# Idempotent: every step is skipped when its output is already there.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+CACHE="${RETRACE_CACHE_DIR:-$HOME/.cache/retrace}"
+GGUF_Q="$CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_F32="$CACHE/bench/SmolLM2-135M-Instruct.f32.gguf"
+DATA="${PROCESSBENCH_DIR:-$ROOT/../shared/data/processbench}/gsm8k.json"
+[ -f "$DATA" ] || DATA=/work/shared/data/processbench/gsm8k.json
+
+scripts/fetch-smollm2.sh
+scripts/fetch-llama-server.sh
+if [ ! -s "$GGUF_F32" ]; then
+  scripts/setup-python.sh
+  mkdir -p "$(dirname "$GGUF_F32")"
+  .venv/bin/python scripts/gguf_to_f32.py "$GGUF_Q" "$GGUF_F32.part"
+  mv -f "$GGUF_F32.part" "$GGUF_F32"
+fi
+nice cargo build --release --locked
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/retrace"
+exec "$BIN" bench --data "$DATA" --llama-gguf "$GGUF_F32" "$@"
