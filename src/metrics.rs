@@ -125,7 +125,7 @@ fn describe() {
     describe_histogram!(BATCH_SIZE, "Traces per model batch, by evaluator.");
     describe_histogram!(
         BATCH_TOKENS,
-        "Tokens per model batch (padded), by evaluator."
+        "Tokens per model batch (packed, so all real), by evaluator."
     );
     describe_counter!(
         TOKENS_SCORED,
@@ -227,11 +227,12 @@ pub fn record_steps(evaluator: &str, steps: usize) {
     counter!(STEPS_SCORED, "evaluator" => evaluator.to_string()).increment(steps as u64);
 }
 
-pub fn record_batch(evaluator: &str, traces: usize, padded_tokens: usize, real_tokens: usize) {
+/// One forward pass: its traces and tokens (packed, so every token is real).
+pub fn record_batch(evaluator: &str, traces: usize, tokens: usize) {
     let e = evaluator.to_string();
     histogram!(BATCH_SIZE, "evaluator" => e.clone()).record(traces as f64);
-    histogram!(BATCH_TOKENS, "evaluator" => e.clone()).record(padded_tokens as f64);
-    counter!(TOKENS_SCORED, "evaluator" => e).increment(real_tokens as u64);
+    histogram!(BATCH_TOKENS, "evaluator" => e.clone()).record(tokens as f64);
+    counter!(TOKENS_SCORED, "evaluator" => e).increment(tokens as u64);
 }
 
 pub fn record_model_load(evaluator: &str, elapsed: Duration) {

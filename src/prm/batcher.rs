@@ -212,7 +212,7 @@ fn score(name: &str, model: &PrmModel, batch: Vec<Pending>) {
         });
     let inference = started.elapsed();
     // Packed, not padded: the tokens computed are the real ones.
-    metrics::record_batch(name, batch.len(), real, real);
+    metrics::record_batch(name, batch.len(), real);
     metrics::record_stage(name, metrics::Stage::Inference, inference);
     match result {
         Ok(scores) => {
