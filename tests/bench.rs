@@ -3,28 +3,11 @@
 //! sweep, and prints the table. The llama-server contender is left out (`--no-llama`); the
 //! README's run has it.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn gsm8k() -> PathBuf {
-    let dir = std::env::var_os("RETRACE_PROCESSBENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/processbench")
-        });
-    let dir = if dir.is_dir() {
-        dir
-    } else {
-        PathBuf::from("/work/shared/data/processbench")
-    };
-    let path = dir.join("gsm8k.json");
-    assert!(
-        path.is_file(),
-        "ProcessBench data missing at {}",
-        path.display()
-    );
-    path
-}
+use std::path::Path;
+
+use std::process::Command;
 
 /// The numbers of a table row, by its label; `–` cells are skipped.
 fn row(table: &str, label: &str) -> Vec<f64> {
@@ -62,7 +45,7 @@ fn bench_prints_the_table_and_writes_the_plot() {
         .arg("--model")
         .arg(&model)
         .arg("--data")
-        .arg(gsm8k())
+        .arg(common::processbench("gsm8k"))
         .arg("--svg")
         .arg(&svg)
         .arg("--out")

@@ -17,27 +17,6 @@ use std::time::Duration;
 
 const SPLITS: [&str; 4] = ["gsm8k", "math", "olympiadbench", "omnimath"];
 
-fn processbench(split: &str) -> PathBuf {
-    let dir = std::env::var_os("RETRACE_PROCESSBENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/processbench")
-        });
-    // A clone elsewhere than beside shared/ still finds the workplace copy.
-    let dir = if dir.is_dir() {
-        dir
-    } else {
-        PathBuf::from("/work/shared/data/processbench")
-    };
-    let path = dir.join(format!("{split}.json"));
-    assert!(
-        path.is_file(),
-        "ProcessBench data missing at {} (set RETRACE_PROCESSBENCH_DIR)",
-        path.display()
-    );
-    path
-}
-
 /// The label of every trace of a split, in file order.
 fn labels(split: &str) -> Vec<i32> {
     read_records(&processbench(split))

@@ -84,12 +84,7 @@ async fn embedded_default_serves_smollm2_end_to_end() {
     }
 
     // ProcessBench traces over the stream: one verdict per trace, one score per step.
-    let dir = std::env::var("RETRACE_PROCESSBENCH_DIR").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/processbench").to_string()
-    });
-    let data = std::fs::read_to_string(format!("{dir}/gsm8k.json"))
-        .or_else(|_| std::fs::read_to_string("/work/shared/data/processbench/gsm8k.json"))
-        .expect("ProcessBench gsm8k.json (set RETRACE_PROCESSBENCH_DIR)");
+    let data = std::fs::read_to_string(processbench("gsm8k")).unwrap();
     let bench: Vec<Bench> = serde_json::from_str(&data).unwrap();
     let sample: Vec<&Bench> = bench.iter().take(12).collect();
     let reqs: Vec<_> = sample
