@@ -11,8 +11,7 @@ use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A running llama-server and a client for it.
 pub struct LlamaServer {
@@ -82,37 +81,23 @@ impl LlamaServer {
     /// request after another.
     pub async fn run(&self, work: &Arc<Workload>, concurrency: usize) -> anyhow::Result<Run> {
         self.guard_alive()?;
-        let next = Arc::new(AtomicUsize::new(0));
-        let started = Instant::now();
-        let mut tasks = Vec::new();
-        for _ in 0..concurrency.max(1) {
-            let (next, work) = (next.clone(), work.clone());
-            let client = Scorer {
-                http: self.http.clone(),
-                url: format!("{}/v1/chat/completions", self.base),
-                top_logprobs: self.top_logprobs,
-            };
-            tasks.push(tokio::spawn(async move {
-                let mut done = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(t) = work.traces.get(i) else {
-                        return anyhow::Ok(done);
-                    };
-                    let sent = Instant::now();
-                    let (scores, misses) = client
-                        .score(t)
-                        .await
-                        .with_context(|| format!("llama-server: trace {i}"))?;
-                    done.push((i, sent.elapsed(), scores, misses));
-                }
-            }));
-        }
-        let mut results = Vec::new();
-        for t in tasks {
-            results.extend(t.await.context("a llama client task panicked")??);
-        }
-        Ok(Run::collect(started.elapsed(), work.traces.len(), results))
+        let scorer = Scorer {
+            http: self.http.clone(),
+            url: format!("{}/v1/chat/completions", self.base),
+            top_logprobs: self.top_logprobs,
+        };
+        let traces = work.clone();
+        super::drive(work, concurrency, move |i| {
+            let (scorer, traces) = (scorer.clone(), traces.clone());
+            async move {
+                let t = &traces.traces[i];
+                scorer
+                    .score(t)
+                    .await
+                    .with_context(|| format!("llama-server: trace {i}"))
+            }
+        })
+        .await
     }
 
     fn guard_alive(&self) -> anyhow::Result<()> {
@@ -121,6 +106,7 @@ impl LlamaServer {
 }
 
 /// One client task's handle on the server.
+#[derive(Clone)]
 struct Scorer {
     http: reqwest::Client,
     url: String,

@@ -130,6 +130,40 @@ pub struct Run {
     pub misses: usize,
 }
 
+/// Scores every trace of `work` with `concurrency` workers, each taking the next unscored trace;
+/// `score(i)` gives trace i's step scores and its logprob misses. Both contenders run this loop,
+/// so they are driven the same way.
+async fn drive<F, Fut>(work: &Arc<Workload>, concurrency: usize, score: F) -> anyhow::Result<Run>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = anyhow::Result<(Vec<f32>, usize)>> + Send,
+{
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let n = work.traces.len();
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let (next, score) = (next.clone(), score.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut done = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= n {
+                    return anyhow::Ok(done);
+                }
+                let sent = std::time::Instant::now();
+                let (scores, misses) = score(i).await?;
+                done.push((i, sent.elapsed(), scores, misses));
+            }
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.extend(t.await.context("a bench client task panicked")??);
+    }
+    Ok(Run::collect(started.elapsed(), n, results))
+}
+
 impl Run {
     /// From each trace's (index, latency, scores, misses).
     fn collect(wall: Duration, n: usize, done: Vec<(usize, Duration, Vec<f32>, usize)>) -> Run {
