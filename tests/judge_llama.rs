@@ -17,7 +17,7 @@ const KEY: &str = "retrace-test-key";
 const GRAMMAR: &str = r#"root ::= "\\boxed{" ("-1" | [0-2]) "}\nCategory: " ("Misinterpretation" | "Hallucination" | "Reasoning" | "None")"#;
 
 fn cache() -> PathBuf {
-    retrace::config::default_cache_dir()
+    retrace::config::env::cache_dir()
 }
 
 /// Starts llama-server on a free port and waits for /health.

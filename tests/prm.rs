@@ -2,7 +2,7 @@
 //! random checkpoints and the real tokenizers), scores to 1e-4, batched against unbatched, one
 //! score per step, and the error paths.
 
-use retrace::config::{EvaluatorConfig, Kind, default_cache_dir};
+use retrace::config::{DeviceSpec, EvaluatorConfig, KindConfig, PrmConfig, env};
 use retrace::engine::{EngineError, Evaluator, Job};
 use retrace::prm::PrmEvaluator;
 use retrace::prm::format::{Family, Formatter};
@@ -69,13 +69,19 @@ fn tiny(family: &str) -> PathBuf {
     root().join("tests/fixtures/tiny").join(family)
 }
 
+fn prm_table(family: &str, folder: &Path) -> PrmConfig {
+    let family = Family::parse(family).unwrap_or_else(|| panic!("{family} is a family"));
+    PrmConfig::new(family, folder.display().to_string())
+}
+
 fn evaluator(family: &str, folder: &Path, batch: usize) -> PrmEvaluator {
-    let mut cfg = EvaluatorConfig::new(&format!("{family}-{batch}"), Kind::Prm);
-    cfg.family = Some(family.into());
-    cfg.model = Some(folder.display().to_string());
-    cfg.max_batch_size = Some(batch);
-    cfg.max_wait_ms = Some(50);
-    PrmEvaluator::load(&cfg).unwrap_or_else(|e| panic!("{family}: {e}"))
+    let prm = PrmConfig {
+        max_batch_size: batch,
+        max_wait_ms: 50,
+        ..prm_table(family, folder)
+    };
+    let common = EvaluatorConfig::new(&format!("{family}-{batch}"), KindConfig::Prm(prm.clone()));
+    PrmEvaluator::load(&common, &prm).unwrap_or_else(|e| panic!("{family}: {e}"))
 }
 
 fn job(t: &Trace) -> Job {
@@ -114,7 +120,7 @@ fn tiny_fixtures_format_exactly() {
 
 #[test]
 fn real_tokenizers_format_exactly() {
-    let cache = default_cache_dir();
+    let cache = env::cache_dir();
     for family in FAMILIES {
         let fixture =
             read_fixture(&root().join(format!("tests/fixtures/real-tokenizers/{family}.json")));
@@ -260,21 +266,23 @@ fn hub_ids_resolve_through_the_local_cache_only() {
 
 #[test]
 fn load_errors_name_the_problem() {
-    let mut cfg = EvaluatorConfig::new("x", Kind::Prm);
-    cfg.family = Some("chat-lm".into());
-    cfg.model = Some("/nonexistent/model".into());
-    let err = PrmEvaluator::load(&cfg).err().unwrap().to_string();
+    let load = |prm: PrmConfig| {
+        let common = EvaluatorConfig::new("x", KindConfig::Prm(prm.clone()));
+        PrmEvaluator::load(&common, &prm).err().unwrap().to_string()
+    };
+    let err = load(prm_table("chat-lm", Path::new("/nonexistent/model")));
     assert!(
         err.contains("/nonexistent/model") && err.contains("does not exist"),
         "{err}"
     );
-    cfg.model = Some(tiny("chat-lm").display().to_string());
-    cfg.dtype = Some("f64".into());
-    let err = PrmEvaluator::load(&cfg).err().unwrap().to_string();
-    assert!(err.contains("dtype \"f64\""), "{err}");
     // A family whose format needs what the checkpoint lacks.
-    cfg.dtype = None;
-    cfg.family = Some("qwen2-math-prm".into());
-    let err = PrmEvaluator::load(&cfg).err().unwrap().to_string();
+    let err = load(prm_table("qwen2-math-prm", &tiny("chat-lm")));
     assert!(err.contains("<extra_0>"), "{err}");
+    if !cfg!(feature = "cuda") {
+        let err = load(PrmConfig {
+            device: DeviceSpec::Cuda(0),
+            ..prm_table("chat-lm", &tiny("chat-lm"))
+        });
+        assert!(err.contains("--features cuda"), "{err}");
+    }
 }

@@ -252,7 +252,6 @@ async fn stream_answers_many_in_flight_by_id() {
         })
         .collect();
     reqs.push(request("bad", "", steps_trace("q", &[" "])));
-    let started = std::time::Instant::now();
     let mut out = c
         .evaluate_stream(futures::stream::iter(reqs))
         .await
@@ -263,12 +262,8 @@ async fn stream_answers_many_in_flight_by_id() {
         let r = r.unwrap();
         seen.insert(r.id.clone(), r);
     }
-    // 20 jobs of 30 ms each finished together: they ran concurrently, not one after another.
-    assert!(
-        started.elapsed() < Duration::from_millis(30 * n / 2),
-        "{:?}",
-        started.elapsed()
-    );
+    // The jobs ran side by side, not one after another.
+    assert!(counters.peak() > 1, "at most one job ran at a time");
     assert_eq!(seen.len(), n as usize + 1);
     for i in 0..n {
         let r = &seen[&format!("id-{i}")];

@@ -34,7 +34,7 @@ struct Bench {
 
 #[tokio::test]
 async fn embedded_default_serves_smollm2_end_to_end() {
-    let model = retrace::config::default_cache_dir().join("smollm2");
+    let model = retrace::config::env::cache_dir().join("smollm2");
     assert!(
         model.join("model.safetensors").is_file(),
         "{} is missing: run scripts/fetch-smollm2.sh",

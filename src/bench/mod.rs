@@ -97,6 +97,8 @@ pub struct BenchOptions {
     /// Also write the report (Markdown) to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub targets: report::Targets,
 }
 
 /// One trace as both contenders see it, with the token count chat-lm scores.
@@ -224,13 +226,9 @@ impl Workload {
 }
 
 fn cache_dir(opts: &BenchOptions) -> PathBuf {
-    opts.cache_dir.clone().unwrap_or_else(|| {
-        std::env::var_os("RETRACE_CACHE_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/retrace")
-            })
-    })
+    opts.cache_dir
+        .clone()
+        .unwrap_or_else(crate::config::env::cache_dir)
 }
 
 /// Runs the benchmark and prints the report.
@@ -432,6 +430,7 @@ pub async fn bench(opts: BenchOptions) -> anyhow::Result<report::Report> {
         scaling,
         svg: opts.scaling.then(|| opts.svg.clone()),
         top_logprobs: opts.llama_top_logprobs,
+        targets: opts.targets.clone(),
     };
     let text = report.markdown();
     println!("{text}");

@@ -27,7 +27,12 @@ fn example_parses() {
     let c = parse(EXAMPLE).unwrap();
     assert_eq!(c.server.max_in_flight, 512);
     assert_eq!(c.default_evaluator(), "qwen-prm");
-    assert_eq!(c.evaluators[0].family.as_deref(), Some("qwen2-math-prm"));
+    let KindConfig::Prm(p) = &c.evaluators[0].kind else {
+        panic!("a prm table")
+    };
+    assert_eq!(p.family, Family::QwenMathPrm);
+    assert_eq!(p.device, DeviceSpec::Cpu);
+    assert_eq!(p.max_batch_tokens, defaults::MAX_BATCH_TOKENS);
     assert_eq!(c.evaluators[0].threshold, 0.5);
 }
 
@@ -163,7 +168,7 @@ fn bad_judge_and_cascade_values_are_named() {
         "breaker_failures",
         "`n`",
         "repair_prompt",
-        "`family` does not apply",
+        "unknown field `family`",
         "prm \"nope\" names no",
         "is a judge evaluator, not a prm",
         "is a prm evaluator, not a judge",
@@ -185,11 +190,7 @@ fn bad_judge_and_cascade_values_are_named() {
 fn key_of_another_kind_is_refused() {
     let text = EXAMPLE.replace("device = \"cpu\"", "base_url = \"http://x\"");
     let err = parse(&text).unwrap_err();
-    assert!(
-        err.message
-            .contains("`base_url` does not apply to kind `prm`"),
-        "{err}"
-    );
+    assert!(err.message.contains("unknown field `base_url`"), "{err}");
 }
 
 #[test]
@@ -203,7 +204,7 @@ fn duplicate_names_and_missing_keys() {
         parse(&no_model)
             .unwrap_err()
             .message
-            .contains("`model` is required")
+            .contains("missing field `model`")
     );
     assert!(
         parse("[server]\n")
@@ -223,7 +224,10 @@ fn overrides_apply_and_validate() {
     let c = Config::parse(EXAMPLE, "t", &over).unwrap();
     assert_eq!(c.server.max_in_flight, 7);
     assert_eq!(c.evaluators[0].threshold, 0.25);
-    assert_eq!(c.evaluators[0].device.as_deref(), Some("cuda:1"));
+    let KindConfig::Prm(p) = &c.evaluators[0].kind else {
+        panic!("a prm table")
+    };
+    assert_eq!(p.device, DeviceSpec::Cuda(1));
     let err = Config::parse(EXAMPLE, "t", &["evaluator.nope.threshold=1".into()]).unwrap_err();
     assert!(
         err.message.contains("no evaluator is named \"nope\""),

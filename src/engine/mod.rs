@@ -3,11 +3,12 @@
 
 mod registry;
 
-pub use registry::{Engine, EvaluatorLoader, EvaluatorStatus, Loaded, Request};
+pub use registry::{Engine, EvaluatorLoader, EvaluatorStatus, Loaded, Request, any_changed};
 
 use crate::trace::{Judgement, Trace};
 use futures::future::BoxFuture;
 use std::sync::Arc;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// What an evaluator says about itself, for ListEvaluators.
@@ -41,6 +42,12 @@ pub trait Evaluator: Send + Sync + 'static {
     /// not ours, so a judge stays ready while its breaker is open (it answers UNAVAILABLE fast).
     fn ready(&self) -> bool {
         true
+    }
+
+    /// Pushes changes of `ready()`, for evaluators whose readiness can change (a model thread
+    /// that dies); `None` when it never changes by itself.
+    fn health(&self) -> Option<watch::Receiver<bool>> {
+        None
     }
 
     /// Judges one trace; the judgement carries one score per step.

@@ -1,23 +1,23 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
 use super::{Description, EngineError, Evaluator, Job};
-use crate::config::{Config, EvaluatorConfig, Kind, ServerConfig};
+use crate::config::{Config, EvaluatorConfig, KindConfig};
 use crate::metrics;
-use crate::trace::{Aggregate, Trace, Verdict};
+use crate::trace::{Aggregate, Judgement, Trace, Verdict};
+use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, timeout_at};
 
 /// Builds one evaluator from its table; runs on a blocking thread (it may load a model).
 /// `Loaded` holds the evaluators built before it, which a cascade wraps.
-pub type EvaluatorLoader = Arc<
-    dyn Fn(&EvaluatorConfig, &ServerConfig, &Loaded) -> Result<Arc<dyn Evaluator>, EngineError>
-        + Send
-        + Sync,
->;
+pub type EvaluatorLoader =
+    Arc<dyn Fn(&EvaluatorConfig, &Loaded) -> Result<Arc<dyn Evaluator>, EngineError> + Send + Sync>;
 
-/// Evaluators loaded so far, by name.
+/// Evaluators loaded so far, by name. Each is reached through its own gate, so a cascade's calls
+/// queue behind the evaluator's `max_concurrency` like everyone else's.
 pub type Loaded = HashMap<String, Arc<dyn Evaluator>>;
 
 /// One request, parsed and structurally validated at the API edge.
@@ -46,12 +46,11 @@ pub struct EvaluatorStatus {
 
 /// Evaluators by name, with the admission semaphore shared by all of them.
 pub struct Engine {
-    slots: HashMap<String, Slot>,
+    slots: HashMap<String, Arc<Slot>>,
     order: Vec<String>,
     default: String,
     admission: Arc<Semaphore>,
     max_in_flight: usize,
-    loaded: watch::Sender<bool>,
 }
 
 struct Slot {
@@ -88,14 +87,14 @@ impl Engine {
             .evaluators
             .iter()
             .map(|e| {
-                let slot = Slot {
+                let slot = Arc::new(Slot {
                     name: e.name.clone(),
                     config: e.clone(),
                     max_steps: e.max_steps.unwrap_or(server.max_steps),
                     max_trace_bytes: e.max_trace_bytes.unwrap_or(server.max_trace_bytes),
                     gate: Arc::new(Semaphore::new(e.max_concurrency)),
                     evaluator: OnceLock::new(),
-                };
+                });
                 metrics::set_ready(&e.name, false);
                 (e.name.clone(), slot)
             })
@@ -106,26 +105,21 @@ impl Engine {
             default: config.default_evaluator().to_string(),
             admission: Arc::new(Semaphore::new(server.max_in_flight)),
             max_in_flight: server.max_in_flight,
-            loaded: watch::channel(false).0,
         })
     }
 
     /// Loads every evaluator on blocking threads, in config order except that cascades come
     /// last (they wrap others); fails on the first error.
-    pub async fn load(
-        &self,
-        loader: EvaluatorLoader,
-        server: &ServerConfig,
-    ) -> Result<(), EngineError> {
+    pub async fn load(&self, loader: EvaluatorLoader) -> Result<(), EngineError> {
         let mut order: Vec<&String> = self.order.iter().collect();
-        order.sort_by_key(|name| self.slots[*name].config.kind == Kind::Cascade);
+        order.sort_by_key(|name| matches!(self.slots[*name].config.kind, KindConfig::Cascade(_)));
         let mut loaded = Loaded::new();
         for name in order {
             let slot = &self.slots[name];
-            let (loader, cfg, server) = (loader.clone(), slot.config.clone(), server.clone());
+            let (loader, cfg) = (loader.clone(), slot.config.clone());
             let before = loaded.clone();
             let started = std::time::Instant::now();
-            let evaluator = tokio::task::spawn_blocking(move || loader(&cfg, &server, &before))
+            let evaluator = tokio::task::spawn_blocking(move || loader(&cfg, &before))
                 .await
                 .map_err(|e| {
                     EngineError::Internal(format!("loading evaluator {name:?} panicked: {e}"))
@@ -133,16 +127,18 @@ impl Engine {
             metrics::record_model_load(name, started.elapsed());
             tracing::info!(evaluator = %name, seconds = started.elapsed().as_secs_f64(), "evaluator loaded");
             metrics::set_ready(name, true);
-            loaded.insert(name.clone(), evaluator.clone());
             let _ = slot.evaluator.set(evaluator);
+            loaded.insert(name.clone(), Arc::new(Gated(slot.clone())));
         }
-        self.loaded.send_replace(true);
         Ok(())
     }
 
-    /// Becomes true once every evaluator is loaded.
-    pub fn loaded(&self) -> watch::Receiver<bool> {
-        self.loaded.subscribe()
+    /// Watches on every loaded evaluator whose readiness can change; see `any_changed`.
+    pub fn health_watches(&self) -> Vec<watch::Receiver<bool>> {
+        self.slots
+            .values()
+            .filter_map(|s| s.evaluator.get()?.health())
+            .collect()
     }
 
     pub fn list(&self) -> Vec<EvaluatorStatus> {
@@ -153,9 +149,12 @@ impl Engine {
                 let description = match slot.evaluator.get() {
                     Some(e) => e.describe(),
                     None => Description {
-                        kind: slot.config.kind.as_str().to_string(),
-                        family: slot.config.family.clone().unwrap_or_default(),
-                        model: slot.config.model.clone().unwrap_or_default(),
+                        kind: slot.config.kind_name().to_string(),
+                        family: match &slot.config.kind {
+                            KindConfig::Prm(p) => p.family.as_str().to_string(),
+                            _ => String::new(),
+                        },
+                        model: slot.config.kind.model().unwrap_or_default().to_string(),
                     },
                 };
                 EvaluatorStatus {
@@ -287,7 +286,9 @@ impl Slot {
         Ok(())
     }
 
-    async fn run(&self, request: Request) -> Result<Verdict, EngineError> {
+    /// Through the gate, then the evaluator, within the job's deadline: the path of every
+    /// caller, a cascade's included. Returns the judgement and the time spent at the gate.
+    async fn judge(&self, job: Job) -> Result<(Judgement, Duration), EngineError> {
         let evaluator = self.evaluator.get().ok_or_else(|| {
             EngineError::Unavailable(format!("evaluator {:?} is still loading", self.name))
         })?;
@@ -297,13 +298,11 @@ impl Slot {
                 self.name
             )));
         }
-        let threshold = request.threshold.unwrap_or(self.config.threshold);
-        let name = self.name.clone();
         let queue_started = Instant::now();
         let _permit = {
-            let _queued = GaugeGuard::new(|d| metrics::queue_depth(&name, d));
+            let _queued = GaugeGuard::new(|d| metrics::queue_depth(&self.name, d));
             let acquire = self.gate.clone().acquire_owned();
-            let permit = match request.deadline {
+            let permit = match job.deadline {
                 Some(deadline) => timeout_at(deadline, acquire).await.map_err(|_| {
                     metrics::record_dropped(&self.name, "deadline");
                     EngineError::DeadlineExceeded(format!(
@@ -316,12 +315,8 @@ impl Slot {
             permit.map_err(|_| EngineError::Unavailable("the evaluator is shutting down".into()))?
         };
         let queue = queue_started.elapsed();
-        let job = Job {
-            trace: request.trace.clone(),
-            threshold,
-            deadline: request.deadline,
-        };
-        let judgement = match request.deadline {
+        let steps = job.trace.steps.len();
+        let judgement = match job.deadline {
             Some(deadline) => timeout_at(deadline, evaluator.evaluate(job))
                 .await
                 .map_err(|_| {
@@ -332,7 +327,6 @@ impl Slot {
                 })??,
             None => evaluator.evaluate(job).await?,
         };
-        let steps = request.trace.steps.len();
         if judgement.step_scores.len() != steps {
             return Err(EngineError::Internal(format!(
                 "evaluator {:?} returned {} scores for {steps} steps",
@@ -340,7 +334,18 @@ impl Slot {
                 judgement.step_scores.len()
             )));
         }
-        metrics::record_steps(&self.name, steps);
+        Ok((judgement, queue))
+    }
+
+    async fn run(&self, request: Request) -> Result<Verdict, EngineError> {
+        let threshold = request.threshold.unwrap_or(self.config.threshold);
+        let job = Job {
+            trace: request.trace.clone(),
+            threshold,
+            deadline: request.deadline,
+        };
+        let (judgement, queue) = self.judge(job).await?;
+        metrics::record_steps(&self.name, request.trace.steps.len());
         metrics::record_stage(&self.name, metrics::Stage::Queue, queue + judgement.queued);
         Ok(Verdict {
             evaluator: self.name.clone(),
@@ -350,5 +355,46 @@ impl Slot {
             total: request.arrived.elapsed(),
             judgement,
         })
+    }
+}
+
+/// An evaluator as other evaluators reach it: through its slot's gate and deadline.
+struct Gated(Arc<Slot>);
+
+impl Evaluator for Gated {
+    fn describe(&self) -> Description {
+        match self.0.evaluator.get() {
+            Some(e) => e.describe(),
+            None => Description {
+                kind: self.0.config.kind_name().to_string(),
+                family: String::new(),
+                model: String::new(),
+            },
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.0.evaluator.get().is_some_and(|e| e.ready())
+    }
+
+    fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
+        Box::pin(async move {
+            let (mut judgement, queue) = self.0.judge(job).await?;
+            judgement.queued += queue;
+            Ok(judgement)
+        })
+    }
+}
+
+/// Resolves when one of `watches` changes, or its sender goes (that watch is dropped: its last
+/// value stands); never resolves once none is left.
+pub async fn any_changed(watches: &mut Vec<watch::Receiver<bool>>) {
+    if watches.is_empty() {
+        return std::future::pending().await;
+    }
+    let changes = watches.iter_mut().map(|w| Box::pin(w.changed()));
+    let (result, i, _) = futures::future::select_all(changes).await;
+    if result.is_err() {
+        watches.swap_remove(i);
     }
 }

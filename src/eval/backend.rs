@@ -93,7 +93,7 @@ impl Backend {
     pub async fn local(config: &Config) -> Result<Backend, EvalError> {
         let engine = Engine::new(config);
         engine
-            .load(crate::default_loader(), &config.server)
+            .load(crate::default_loader())
             .await
             .map_err(EvalError::Load)?;
         Ok(Backend::Local { engine })

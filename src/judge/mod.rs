@@ -11,22 +11,13 @@ pub mod prompt;
 pub use call::{CallError, CallPolicy};
 pub use evaluator::JudgeEvaluator;
 
-use crate::config::{EvaluatorConfig, Secret};
+use crate::config::{EvaluatorConfig, JudgeConfig, Secret, env};
 use crate::engine::EngineError;
 use client::{AttemptError, ChatParams, Upstream};
 use prompt::{PromptError, Template, TemplateKind, Templates};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
-
-/// Defaults for keys a judge table leaves out (README: "Judge evaluators").
-pub const DEFAULT_MAX_TOKENS: u32 = 1024;
-pub const DEFAULT_VOTING_TEMPERATURE: f32 = 0.7;
-pub const DEFAULT_TIMEOUT_S: f64 = 60.0;
-pub const DEFAULT_RETRIES: u32 = 2;
-pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
-pub const DEFAULT_BREAKER_COOLDOWN_S: f64 = 10.0;
-pub const DEFAULT_CACHE_ENTRIES: usize = 1024;
 
 /// Every way judging can fail; `into_engine` gives each its engine error.
 #[derive(Debug, thiserror::Error)]
@@ -61,39 +52,27 @@ impl JudgeError {
 
 /// Builds a judge from its table: reads the API key from `api_key_env` and template overrides
 /// from `prompts_dir`. Nothing is sent upstream until the first request.
-pub fn load(config: &EvaluatorConfig) -> Result<JudgeEvaluator, EngineError> {
+pub fn load(common: &EvaluatorConfig, config: &JudgeConfig) -> Result<JudgeEvaluator, EngineError> {
     let at =
-        |message: String| EngineError::Internal(format!("evaluator {:?}: {message}", config.name));
+        |message: String| EngineError::Internal(format!("evaluator {:?}: {message}", common.name));
     let api_key = match &config.api_key_env {
-        Some(var) => match std::env::var(var) {
-            Ok(key) if !key.trim().is_empty() => Some(Secret(key.trim().to_string())),
-            _ => return Err(at(format!("api_key_env names {var}, which is not set"))),
+        Some(var) => match env::secret(var) {
+            Some(key) => Some(Secret(key)),
+            None => return Err(at(format!("api_key_env names {var}, which is not set"))),
         },
         None => None,
     };
-    let base_url = config.base_url.as_deref().unwrap_or_default();
-    let upstream = Upstream::new(base_url, api_key).map_err(at)?;
-    let samples = config.samples.unwrap_or(1);
-    let reasoning = config.reasoning.unwrap_or(false);
-    let temperature = match (reasoning, config.temperature) {
-        (true, _) => None,
-        (false, Some(t)) => Some(t),
-        (false, None) if samples > 1 => Some(DEFAULT_VOTING_TEMPERATURE),
-        (false, None) => Some(0.0),
-    };
-    let extra = match &config.extra_body {
-        Some(table) => serde_json::to_value(table)
-            .ok()
-            .and_then(|v| v.as_object().cloned())
-            .ok_or_else(|| at("extra_body is not a table of JSON values".into()))?,
-        None => Default::default(),
-    };
+    let upstream = Upstream::new(&config.base_url, api_key).map_err(at)?;
+    let extra = serde_json::to_value(&config.extra_body)
+        .ok()
+        .and_then(|v| v.as_object().cloned())
+        .ok_or_else(|| at("extra_body is not a table of JSON values".into()))?;
     let params = ChatParams {
-        model: config.model.clone().unwrap_or_default(),
-        temperature,
-        top_p: if reasoning { None } else { config.top_p },
-        max_tokens: config.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        reasoning,
+        model: config.model.clone(),
+        temperature: config.temperature(),
+        top_p: if config.reasoning { None } else { config.top_p },
+        max_tokens: config.max_tokens,
+        reasoning: config.reasoning,
         extra,
     };
     let mut templates = Templates::builtin();
@@ -101,35 +80,28 @@ pub fn load(config: &EvaluatorConfig) -> Result<JudgeEvaluator, EngineError> {
         load_overrides(&mut templates, dir).map_err(|e| at(e.to_string()))?;
     }
     let policy = CallPolicy {
-        max_concurrency: config.max_concurrency,
+        max_concurrency: common.max_concurrency,
         requests_per_minute: config.requests_per_minute,
-        retries: config.retries.unwrap_or(DEFAULT_RETRIES),
-        timeout: Duration::from_secs_f64(config.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S)),
-        breaker_failures: config.breaker_failures.unwrap_or(DEFAULT_BREAKER_FAILURES),
-        breaker_cooldown: Duration::from_secs_f64(
-            config
-                .breaker_cooldown_s
-                .unwrap_or(DEFAULT_BREAKER_COOLDOWN_S),
-        ),
-        cache_entries: config.cache_entries.unwrap_or(DEFAULT_CACHE_ENTRIES),
+        retries: config.retries,
+        timeout: Duration::from_secs_f64(config.timeout_s),
+        breaker_failures: config.breaker_failures,
+        breaker_cooldown: Duration::from_secs_f64(config.breaker_cooldown_s),
+        cache_entries: config.cache_entries,
     };
-    let repair_prompt = match config.repair.unwrap_or(true) {
-        true => Some(
-            config
-                .repair_prompt
-                .clone()
-                .unwrap_or_else(|| parse::REPAIR_PROMPT.to_string()),
-        ),
-        false => None,
-    };
+    let repair_prompt = config.repair.then(|| {
+        config
+            .repair_prompt
+            .clone()
+            .unwrap_or_else(|| parse::REPAIR_PROMPT.to_string())
+    });
     Ok(JudgeEvaluator {
-        name: config.name.clone(),
+        name: common.name.clone(),
         params,
-        samples,
-        parallel: AtomicBool::new(config.parallel_samples.unwrap_or(false)),
+        samples: config.samples,
+        parallel: AtomicBool::new(config.parallel_samples),
         templates,
         repair_prompt,
-        caller: call::Caller::new(&config.name, upstream, policy),
+        caller: call::Caller::new(&common.name, upstream, policy),
     })
 }
 

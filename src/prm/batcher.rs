@@ -1,16 +1,20 @@
-//! The model thread and its queue: requests are packed into batches by a token budget (the model
-//! packs their rows end to end, no padding) and scored in one forward pass; work whose caller
-//! left or whose deadline passed is dropped before it reaches the model.
+//! The model thread and its queue: requests are packed into batches by a token budget and
+//! handed to a `Scorer` (the candle model packs their rows end to end, no padding); work whose
+//! caller left or whose deadline passed is dropped before it reaches the scorer.
 
 use super::format::Encoded;
-use super::model::PrmModel;
 use crate::metrics;
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
+
+/// What the model thread drives: a batch of encoded rows in, one score in [0, 1] per read
+/// position of each row out, in order. The candle model is one; a quantized or a remote model
+/// fits the same seam.
+pub trait Scorer: Send + 'static {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, String>;
+}
 
 /// How batches are cut.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,9 +48,11 @@ pub enum BatchError {
     Model(String),
 }
 
+type Reply = oneshot::Sender<Result<Scored, BatchError>>;
+
 struct Pending {
     encoded: Encoded,
-    reply: oneshot::Sender<Result<Scored, BatchError>>,
+    reply: Reply,
     deadline: Option<Instant>,
     enqueued: Instant,
 }
@@ -55,7 +61,8 @@ struct Pending {
 pub struct Batcher {
     tx: SyncSender<Pending>,
     capacity: usize,
-    alive: Arc<AtomicBool>,
+    /// True while the model thread runs; it turns false when the thread exits, even by a panic.
+    alive: watch::Receiver<bool>,
     /// For the queue-depth gauge, which counts requests waiting for the model too.
     name: String,
 }
@@ -76,44 +83,86 @@ pub fn next_batch(lengths: impl IntoIterator<Item = usize>, budget: &Budget) -> 
     count
 }
 
+/// Where the model thread's requests come from, and its clock: the channel and the real clock
+/// in the product, a script on simulated time in tests.
+trait Inbox {
+    fn now(&self) -> Instant;
+    /// The next request, waiting until `until` at most (forever when `None`); `Ok(None)` when
+    /// that time came first, `Err(Closed)` once every sender is gone.
+    fn recv(&mut self, until: Option<Instant>) -> Result<Option<Pending>, Closed>;
+}
+
+struct Closed;
+
+/// The product's inbox: the bounded channel `Batcher::submit` fills.
+struct Channel(Receiver<Pending>);
+
+impl Inbox for Channel {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn recv(&mut self, until: Option<Instant>) -> Result<Option<Pending>, Closed> {
+        let Some(until) = until else {
+            return self.0.recv().map(Some).map_err(|_| Closed);
+        };
+        match until.checked_duration_since(Instant::now()) {
+            Some(wait) if !wait.is_zero() => match self.0.recv_timeout(wait) {
+                Ok(p) => Ok(Some(p)),
+                Err(RecvTimeoutError::Timeout) => Ok(None),
+                Err(RecvTimeoutError::Disconnected) => Err(Closed),
+            },
+            _ => match self.0.try_recv() {
+                Ok(p) => Ok(Some(p)),
+                Err(TryRecvError::Empty) => Ok(None),
+                Err(TryRecvError::Disconnected) => Err(Closed),
+            },
+        }
+    }
+}
+
 /// Marks the batcher dead when the thread exits, even by a panic.
-struct AliveGuard(Arc<AtomicBool>);
+struct AliveGuard(watch::Sender<bool>);
 
 impl Drop for AliveGuard {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
+        self.0.send_replace(false);
     }
 }
 
 impl Batcher {
-    /// Starts the model thread for `model`, with room for `capacity` queued requests.
+    /// Starts the model thread for `scorer`, with room for `capacity` queued requests.
     pub fn spawn(
         name: &str,
-        model: PrmModel,
+        scorer: impl Scorer,
         budget: Budget,
         capacity: usize,
     ) -> std::io::Result<Batcher> {
-        let (tx, rx) = sync_channel(capacity);
-        let alive = Arc::new(AtomicBool::new(true));
-        let guard = AliveGuard(alive.clone());
-        let name = name.to_string();
-        let name_for_gauge = name.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
+        let (alive_tx, alive) = watch::channel(true);
+        let guard = AliveGuard(alive_tx);
+        let thread_name = name.to_string();
         std::thread::Builder::new()
             .name(format!("prm-{name}"))
             .spawn(move || {
                 let _guard = guard;
-                run(&name, &model, budget, rx);
+                run(&thread_name, &scorer, budget, Channel(rx));
             })?;
         Ok(Batcher {
             tx,
             capacity,
             alive,
-            name: name_for_gauge,
+            name: name.to_string(),
         })
     }
 
     pub fn alive(&self) -> bool {
-        self.alive.load(Ordering::SeqCst)
+        *self.alive.borrow()
+    }
+
+    /// Turns false when the model thread exits.
+    pub fn health(&self) -> watch::Receiver<bool> {
+        self.alive.clone()
     }
 
     /// Queues a request without waiting: a full queue is refused at once.
@@ -141,46 +190,48 @@ impl Batcher {
 }
 
 /// The model thread: gather, cut, drop the abandoned, score, reply; until every sender is gone.
-fn run(name: &str, model: &PrmModel, budget: Budget, rx: Receiver<Pending>) {
+fn run(name: &str, scorer: &dyn Scorer, budget: Budget, mut inbox: impl Inbox) {
     let mut queue: VecDeque<Pending> = VecDeque::new();
+    let mut closed = false;
     loop {
         if queue.is_empty() {
-            match rx.recv() {
-                Ok(p) => queue.push_back(p),
-                Err(_) => return,
+            if closed {
+                return;
+            }
+            match inbox.recv(None) {
+                Ok(Some(p)) => queue.push_back(p),
+                Ok(None) => continue,
+                Err(Closed) => return,
             }
         }
         // Wait a little for company while the batch still has room.
-        let first = queue[0].enqueued;
-        while next_batch(queue.iter().map(|p| p.encoded.ids.len()), &budget) == queue.len() {
-            let waited = first.elapsed();
-            let item = if waited >= budget.max_wait {
-                match rx.try_recv() {
-                    Ok(p) => p,
-                    Err(_) => break,
-                }
-            } else {
-                match rx.recv_timeout(budget.max_wait - waited) {
-                    Ok(p) => p,
-                    Err(RecvTimeoutError::Timeout) => break,
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            };
-            queue.push_back(item);
+        let until = queue[0].enqueued + budget.max_wait;
+        while !closed
+            && next_batch(queue.iter().map(|p| p.encoded.ids.len()), &budget) == queue.len()
+        {
+            match inbox.recv(Some(until)) {
+                Ok(Some(p)) => queue.push_back(p),
+                Ok(None) => break,
+                Err(Closed) => closed = true,
+            }
         }
         let n = next_batch(queue.iter().map(|p| p.encoded.ids.len()), &budget);
         metrics::queue_depth(name, -(n as f64));
-        let batch: Vec<Pending> = queue.drain(..n).filter_map(|p| keep(name, p)).collect();
+        let now = inbox.now();
+        let batch: Vec<Pending> = queue
+            .drain(..n)
+            .filter_map(|p| keep(name, p, now))
+            .collect();
         if !batch.is_empty() {
-            score(name, model, batch);
+            score(name, scorer, batch, now);
         }
     }
 }
 
 /// The job, unless nobody will read its result: a caller that left, or a deadline that passed
 /// (that caller is told so).
-fn keep(name: &str, p: Pending) -> Option<Pending> {
-    if p.deadline.is_some_and(|d| Instant::now() >= d) {
+fn keep(name: &str, p: Pending, now: Instant) -> Option<Pending> {
+    if p.deadline.is_some_and(|d| now >= d) {
         metrics::record_dropped(name, "deadline");
         let _ = p.reply.send(Err(BatchError::Deadline));
         return None;
@@ -192,24 +243,25 @@ fn keep(name: &str, p: Pending) -> Option<Pending> {
     Some(p)
 }
 
-fn score(name: &str, model: &PrmModel, batch: Vec<Pending>) {
+fn score(name: &str, scorer: &dyn Scorer, batch: Vec<Pending>, cut_at: Instant) {
     let started = Instant::now();
-    let rows: Vec<&[u32]> = batch.iter().map(|p| p.encoded.ids.as_slice()).collect();
-    let positions: Vec<&[usize]> = batch
-        .iter()
-        .map(|p| p.encoded.positions.as_slice())
-        .collect();
-    let real: usize = rows.iter().map(|r| r.len()).sum();
-    let result = model
-        .score(&rows, &positions)
-        .map_err(|e| e.to_string())
-        .and_then(|scores| {
-            // A NaN would pass every threshold and sort first in a ranking: never let one out.
-            match scores.iter().flatten().all(|s| s.is_finite()) {
-                true => Ok(scores),
-                false => Err("the model produced a non-finite score".to_string()),
-            }
-        });
+    let rows: Vec<&Encoded> = batch.iter().map(|p| &p.encoded).collect();
+    let real: usize = rows.iter().map(|r| r.ids.len()).sum();
+    let result = scorer.score(&rows).and_then(|scores| {
+        if scores.len() != rows.len()
+            || scores
+                .iter()
+                .zip(&rows)
+                .any(|(s, r)| s.len() != r.positions.len())
+        {
+            return Err("the scorer returned a score list of the wrong shape".to_string());
+        }
+        // A NaN would pass every threshold and sort first in a ranking: never let one out.
+        match scores.iter().flatten().all(|s| s.is_finite()) {
+            true => Ok(scores),
+            false => Err("the model produced a non-finite score".to_string()),
+        }
+    });
     let inference = started.elapsed();
     // Packed, not padded: the tokens computed are the real ones.
     metrics::record_batch(name, batch.len(), real);
@@ -217,7 +269,7 @@ fn score(name: &str, model: &PrmModel, batch: Vec<Pending>) {
     match result {
         Ok(scores) => {
             for (p, scores) in batch.into_iter().zip(scores) {
-                let queued = started.saturating_duration_since(p.enqueued);
+                let queued = cut_at.saturating_duration_since(p.enqueued);
                 let _ = p.reply.send(Ok(Scored {
                     scores,
                     queued,
@@ -235,35 +287,5 @@ fn score(name: &str, model: &PrmModel, batch: Vec<Pending>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn budget(tokens: usize, size: usize) -> Budget {
-        Budget {
-            max_batch_tokens: tokens,
-            max_batch_size: size,
-            max_wait: Duration::ZERO,
-        }
-    }
-
-    #[test]
-    fn cuts_by_packed_tokens() {
-        let b = budget(100, 8);
-        assert_eq!(next_batch([], &b), 0);
-        assert_eq!(next_batch([10, 10, 10], &b), 3);
-        // The sum counts, not rows x the longest: 10 + 20 + 30 + 10 = 70 fits.
-        assert_eq!(next_batch([10, 20, 30, 10], &b), 4);
-        // 10 + 10 + 90 = 110 > 100: the long row waits for the next batch.
-        assert_eq!(next_batch([10, 10, 90], &b), 2);
-        assert_eq!(next_batch([60, 40, 1], &b), 2);
-        assert_eq!(next_batch([50, 50, 1], &b), 2);
-    }
-
-    #[test]
-    fn cuts_by_size_and_always_takes_one() {
-        assert_eq!(next_batch([1; 10], &budget(1000, 4)), 4);
-        // A single trace over the budget still runs, alone.
-        assert_eq!(next_batch([500, 1], &budget(100, 8)), 1);
-        assert_eq!(next_batch([5], &budget(0, 0)), 1);
-    }
-}
+#[path = "batcher_tests.rs"]
+mod tests;

@@ -55,17 +55,16 @@ pub struct Formatter {
 }
 
 impl Family {
-    pub fn parse(name: &str) -> Option<Family> {
-        Some(match name {
-            "qwen2-math-prm" => Family::QwenMathPrm,
-            "skywork-prm" => Family::Skywork,
-            "math-shepherd" => Family::MathShepherd,
-            "rlhflow" => Family::Rlhflow,
-            "chat-lm" => Family::ChatLm,
-            _ => return None,
-        })
-    }
+    /// Every family, in the order the docs list them.
+    pub const ALL: [Family; 5] = [
+        Family::QwenMathPrm,
+        Family::Skywork,
+        Family::MathShepherd,
+        Family::Rlhflow,
+        Family::ChatLm,
+    ];
 
+    /// The family's name in configs and flags.
     pub fn as_str(self) -> &'static str {
         match self {
             Family::QwenMathPrm => "qwen2-math-prm",
@@ -74,6 +73,30 @@ impl Family {
             Family::Rlhflow => "rlhflow",
             Family::ChatLm => "chat-lm",
         }
+    }
+
+    pub fn parse(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.as_str() == name)
+    }
+
+    /// The names, comma-separated, for messages.
+    pub fn names() -> String {
+        Family::ALL.map(Family::as_str).join(", ")
+    }
+}
+
+impl serde::Serialize for Family {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Family {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = <String as serde::Deserialize>::deserialize(d)?;
+        Family::parse(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!("family {name:?} is not one of {}", Family::names()))
+        })
     }
 }
 

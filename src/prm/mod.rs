@@ -11,9 +11,9 @@ mod packing;
 mod template;
 mod weights;
 
-pub use batcher::{BatchError, Budget, next_batch};
+pub use batcher::{BatchError, Budget, Scorer, next_batch};
 
-use crate::config::{EvaluatorConfig, ServerConfig};
+use crate::config::{Dtype, EvaluatorConfig, PrmConfig, env};
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics;
 use crate::trace::Judgement;
@@ -25,11 +25,6 @@ use model::{ModelError, PrmModel};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Defaults for the batching keys of a `prm` evaluator.
-pub const DEFAULT_MAX_BATCH_TOKENS: usize = 8192;
-pub const DEFAULT_MAX_BATCH_SIZE: usize = 32;
-pub const DEFAULT_MAX_WAIT_MS: u64 = 2;
 
 /// The PRM layer's errors; `From<PrmError> for EngineError` is their one exit.
 #[derive(Debug, thiserror::Error)]
@@ -84,60 +79,46 @@ pub struct PrmEvaluator {
 }
 
 /// Loads the PRM an `[[evaluator]]` table describes (runs on a blocking thread).
-pub fn load(
-    cfg: &EvaluatorConfig,
-    _server: &ServerConfig,
-) -> Result<Arc<dyn Evaluator>, EngineError> {
+pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<Arc<dyn Evaluator>, EngineError> {
     Ok(Arc::new(
-        PrmEvaluator::load(cfg).map_err(EngineError::from)?,
+        PrmEvaluator::load(common, cfg).map_err(EngineError::from)?,
     ))
 }
 
 impl PrmEvaluator {
-    pub fn load(cfg: &EvaluatorConfig) -> Result<PrmEvaluator, PrmError> {
+    pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<PrmEvaluator, PrmError> {
         let fail = |message: String| PrmError::Load {
-            name: cfg.name.clone(),
+            name: common.name.clone(),
             message,
         };
-        let family_name = cfg.family.as_deref().unwrap_or_default();
-        let family = Family::parse(family_name)
-            .ok_or_else(|| fail(format!("unknown family {family_name:?}")))?;
-        let model = cfg.model.as_deref().unwrap_or_default();
-        let folder = resolve_model(model).ok_or_else(|| {
+        let folder = resolve_model(&cfg.model).ok_or_else(|| {
             fail(format!(
-                "model folder {model} does not exist and is not a model id in the Hugging Face cache \
-                 (for the embedded default, run scripts/fetch-smollm2.sh)"
+                "model folder {} does not exist and is not a model id in the Hugging Face cache \
+                 (for the embedded default, run scripts/fetch-smollm2.sh)",
+                cfg.model
             ))
         })?;
-        let device_name = cfg.device.as_deref().unwrap_or("cpu");
-        let device = model::device_from_str(device_name).map_err(|e| fail(e.to_string()))?;
-        let dtype = match cfg.dtype.as_deref() {
-            None if device.is_cpu() => DType::F32,
-            None => DType::BF16,
-            Some("f32") => DType::F32,
-            Some("bf16") => DType::BF16,
-            Some("f16") => DType::F16,
-            Some(other) => {
-                return Err(fail(format!(
-                    "dtype {other:?} is not one of f32, bf16, f16"
-                )));
-            }
+        let device = model::device(cfg.device).map_err(|e| fail(e.to_string()))?;
+        let dtype = match cfg.dtype() {
+            Dtype::F32 => DType::F32,
+            Dtype::Bf16 => DType::BF16,
+            Dtype::F16 => DType::F16,
         };
-        let formatter = Formatter::load(family, &folder).map_err(fail)?;
+        let formatter = Formatter::load(cfg.family, &folder).map_err(fail)?;
         let model = PrmModel::load(&folder, formatter.head_spec(), &device, dtype)
             .map_err(|e: ModelError| fail(e.to_string()))?;
         let budget = Budget {
-            max_batch_tokens: cfg.max_batch_tokens.unwrap_or(DEFAULT_MAX_BATCH_TOKENS),
-            max_batch_size: cfg.max_batch_size.unwrap_or(DEFAULT_MAX_BATCH_SIZE).max(1),
-            max_wait: Duration::from_millis(cfg.max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS)),
+            max_batch_tokens: cfg.max_batch_tokens,
+            max_batch_size: cfg.max_batch_size,
+            max_wait: Duration::from_millis(cfg.max_wait_ms),
         };
         let (max_tokens, vocab_size) = (model.max_positions(), model.vocab_size());
         // The engine's gate admits at most max_concurrency jobs, so the queue never needs more.
-        let batcher = Batcher::spawn(&cfg.name, model, budget, cfg.max_concurrency)
+        let batcher = Batcher::spawn(&common.name, model, budget, common.max_concurrency)
             .map_err(|e| fail(format!("cannot start the model thread: {e}")))?;
         Ok(PrmEvaluator {
-            name: cfg.name.clone(),
-            family,
+            name: common.name.clone(),
+            family: cfg.family,
             folder,
             formatter: Arc::new(formatter),
             max_tokens,
@@ -162,10 +143,7 @@ pub fn resolve_model(model: &str) -> Option<PathBuf> {
     if org.is_empty() || name.is_empty() || name.contains('/') {
         return None;
     }
-    let env = |k: &str| std::env::var_os(k).map(PathBuf::from);
-    let hub = env("HF_HUB_CACHE")
-        .or_else(|| env("HF_HOME").map(|h| h.join("hub")))
-        .or_else(|| env("HOME").map(|h| h.join(".cache/huggingface/hub")))?;
+    let hub = env::hf_hub_cache()?;
     let repo = hub.join(format!("models--{org}--{name}"));
     let revision = std::fs::read_to_string(repo.join("refs/main")).ok()?;
     let snapshot = repo.join("snapshots").join(revision.trim());
@@ -183,6 +161,10 @@ impl Evaluator for PrmEvaluator {
 
     fn ready(&self) -> bool {
         self.batcher.alive()
+    }
+
+    fn health(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        Some(self.batcher.health())
     }
 
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {

@@ -1,11 +1,14 @@
 //! A loaded PRM checkpoint (config, decoder and head) and its one entry point: token ids and the
 //! positions to read in, step scores out.
 
+use super::batcher::Scorer;
 use super::decoder::Decoder;
+use super::format::Encoded;
 use super::head::Head;
 pub use super::head::HeadSpec;
 use super::model_config::ModelConfig;
 use super::weights::FileTensors;
+use crate::config::DeviceSpec;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
@@ -134,26 +137,28 @@ impl PrmModel {
     }
 }
 
-/// `"cpu"`, `"cuda"` or `"cuda:N"`.
-pub fn device_from_str(name: &str) -> Result<Device, ModelError> {
+impl Scorer for PrmModel {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, String> {
+        let rows: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+        let positions: Vec<&[usize]> = batch.iter().map(|e| e.positions.as_slice()).collect();
+        PrmModel::score(self, &rows, &positions).map_err(|e| e.to_string())
+    }
+}
+
+/// The candle device a config names; CUDA needs a build with `--features cuda`.
+pub fn device(spec: DeviceSpec) -> Result<Device, ModelError> {
     let err = |reason: String| ModelError::Device {
-        name: name.to_string(),
+        name: spec.to_string(),
         reason,
     };
-    let ordinal = match name.trim() {
-        "cpu" => return Ok(Device::Cpu),
-        "cuda" => 0,
-        s => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => n,
-            _ => return Err(err("expected \"cpu\", \"cuda\" or \"cuda:N\"".to_string())),
-        },
-    };
-    if cfg!(feature = "cuda") {
-        Device::new_cuda(ordinal).map_err(|e| err(e.to_string()))
-    } else {
-        Err(err(
+    match spec {
+        DeviceSpec::Cpu => Ok(Device::Cpu),
+        DeviceSpec::Cuda(ordinal) if cfg!(feature = "cuda") => {
+            Device::new_cuda(ordinal).map_err(|e| err(e.to_string()))
+        }
+        DeviceSpec::Cuda(_) => Err(err(
             "this build has no CUDA support; rebuild with `--features cuda`".to_string(),
-        ))
+        )),
     }
 }
 

@@ -262,18 +262,12 @@ fn load_and_input_errors_are_clear() {
 
 #[test]
 fn device_names() {
-    assert!(matches!(device_from_str("cpu"), Ok(Device::Cpu)));
-    assert!(matches!(
-        device_from_str("gpu0"),
-        Err(ModelError::Device { .. })
-    ));
-    assert!(matches!(
-        device_from_str("cuda:x"),
-        Err(ModelError::Device { .. })
-    ));
+    use crate::config::DeviceSpec;
+    assert!(matches!(device(DeviceSpec::Cpu), Ok(Device::Cpu)));
     if !cfg!(feature = "cuda") {
-        let err = device_from_str("cuda:0").err().unwrap();
+        let err = device(DeviceSpec::Cuda(0)).err().unwrap();
         assert!(err.to_string().contains("--features cuda"), "{err}");
+        assert!(err.to_string().contains("cuda:0"), "{err}");
     }
 }
 

@@ -30,6 +30,9 @@ pub struct Counters {
     pub started: AtomicUsize,
     /// Jobs that finished.
     pub finished: AtomicUsize,
+    /// Jobs running now, and the most that ever ran at once.
+    pub running: AtomicUsize,
+    pub peak: AtomicUsize,
 }
 
 impl Counters {
@@ -38,6 +41,10 @@ impl Counters {
     }
     pub fn finished(&self) -> usize {
         self.finished.load(Ordering::SeqCst)
+    }
+    /// The most jobs that ever ran at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
     }
 }
 
@@ -64,7 +71,10 @@ impl Evaluator for Fake {
                     "refused by the fake",
                 ));
             }
+            let running = self.counters.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.counters.peak.fetch_max(running, Ordering::SeqCst);
             tokio::time::sleep(self.delay).await;
+            self.counters.running.fetch_sub(1, Ordering::SeqCst);
             let scores = job
                 .trace
                 .steps
@@ -94,7 +104,7 @@ pub fn fake_loader(
     counters: Arc<Counters>,
     gate: Option<Arc<Semaphore>>,
 ) -> EvaluatorLoader {
-    Arc::new(move |_cfg, _server, _loaded| {
+    Arc::new(move |_cfg, _loaded| {
         if let Some(g) = &gate {
             let handle = tokio::runtime::Handle::current();
             let permit = handle

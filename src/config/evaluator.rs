@@ -1,0 +1,323 @@
+//! One `[[evaluator]]` table: the keys every kind shares, then one typed struct per kind, each
+//! with its defaults beside its keys. The deserialiser itself refuses an unknown key or a key of
+//! another kind; what a type can't say is checked in `rules.rs`.
+
+use crate::prm::format::Family;
+use crate::trace::Aggregate;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::path::PathBuf;
+
+/// One `[[evaluator]]` table.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EvaluatorConfig {
+    pub name: String,
+    #[serde(default = "defaults::threshold")]
+    pub threshold: f32,
+    #[serde(default)]
+    pub aggregate: Aggregate,
+    /// Limits on a trace's size; the server's when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_trace_bytes: Option<usize>,
+    /// Requests handed to the evaluator at once; the rest wait in its queue.
+    #[serde(default = "defaults::max_concurrency")]
+    pub max_concurrency: usize,
+    /// `kind = "..."` and that kind's own keys.
+    #[serde(flatten)]
+    pub kind: KindConfig,
+}
+
+/// The kind of an evaluator and its keys. Each struct refuses keys it doesn't know, so a key of
+/// another kind stops startup naming the key.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum KindConfig {
+    Prm(PrmConfig),
+    Judge(JudgeConfig),
+    Cascade(CascadeConfig),
+}
+
+/// A PRM checkpoint served in-process.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PrmConfig {
+    /// Decides the input format and the head (a causal-LM PRM can't be told from its config).
+    pub family: Family,
+    /// A local Hugging Face folder, or an `org/name` id already in the Hugging Face cache.
+    pub model: String,
+    #[serde(default)]
+    pub device: DeviceSpec,
+    /// f32 on the CPU, bf16 on a GPU when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<Dtype>,
+    /// Most tokens per packed batch (their sum; rows are not padded).
+    #[serde(default = "defaults::max_batch_tokens")]
+    pub max_batch_tokens: usize,
+    #[serde(default = "defaults::max_batch_size")]
+    pub max_batch_size: usize,
+    /// How long the first request of a batch may wait for company.
+    #[serde(default = "defaults::max_wait_ms")]
+    pub max_wait_ms: u64,
+}
+
+/// An LLM judge behind an OpenAI-compatible chat-completions endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JudgeConfig {
+    pub base_url: String,
+    /// The upstream's model name.
+    pub model: String,
+    /// Environment variable holding the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// 0 for one sample, `defaults::VOTING_TEMPERATURE` when voting; never sent with reasoning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    #[serde(default = "defaults::judge_max_tokens")]
+    pub max_tokens: u32,
+    #[serde(default = "defaults::samples")]
+    pub samples: u32,
+    #[serde(default = "defaults::timeout_s")]
+    pub timeout_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u32>,
+    #[serde(default = "defaults::retries")]
+    pub retries: u32,
+    /// A reasoning model: sends `max_completion_tokens` and no sampling parameters.
+    #[serde(default)]
+    pub reasoning: bool,
+    /// Extra JSON fields for the request body (`reasoning_effort`, `seed`...).
+    #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
+    pub extra_body: toml::Table,
+    /// Folder whose `{domain}-{mode}.txt` files replace the built-in prompt templates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts_dir: Option<PathBuf>,
+    /// Always send samples as parallel requests instead of one request with `n`.
+    #[serde(default)]
+    pub parallel_samples: bool,
+    /// Consecutive failed upstream attempts that open the circuit breaker.
+    #[serde(default = "defaults::breaker_failures")]
+    pub breaker_failures: u32,
+    /// Seconds the open breaker refuses calls before one probe.
+    #[serde(default = "defaults::breaker_cooldown_s")]
+    pub breaker_cooldown_s: f64,
+    /// Entries in the temperature-0 response cache; 0 turns it off.
+    #[serde(default = "defaults::cache_entries")]
+    pub cache_entries: usize,
+    /// Ask once more, for the final two lines only, when a reply has no readable answer.
+    #[serde(default = "defaults::yes")]
+    pub repair: bool,
+    /// The repair turn's text; the built-in one when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_prompt: Option<String>,
+}
+
+/// A PRM first, its judge where the PRM is unsure (or to name the category).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CascadeConfig {
+    /// The `prm` evaluator it runs first.
+    pub prm: String,
+    /// The `judge` evaluator it escalates to.
+    pub judge: String,
+    /// A deciding step within this distance of the threshold (inclusive) escalates.
+    #[serde(default = "defaults::escalate_margin")]
+    pub escalate_margin: f32,
+    /// Ask the judge for the category of an error the PRM is sure of.
+    #[serde(default)]
+    pub categorize: bool,
+}
+
+/// Where a PRM runs: `"cpu"`, `"cuda"` (device 0) or `"cuda:N"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceSpec {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+/// The dtype a PRM's weights and activations use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// Every default of an evaluator table, in one place.
+pub mod defaults {
+    pub const THRESHOLD: f32 = 0.5;
+    pub const MAX_CONCURRENCY: usize = 256;
+    pub const MAX_BATCH_TOKENS: usize = 8192;
+    pub const MAX_BATCH_SIZE: usize = 32;
+    pub const MAX_WAIT_MS: u64 = 2;
+    pub const JUDGE_MAX_TOKENS: u32 = 1024;
+    /// The temperature of a voting judge that sets none: samples must differ to vote.
+    pub const VOTING_TEMPERATURE: f32 = 0.7;
+    pub const TIMEOUT_S: f64 = 60.0;
+    pub const RETRIES: u32 = 2;
+    pub const BREAKER_FAILURES: u32 = 5;
+    pub const BREAKER_COOLDOWN_S: f64 = 10.0;
+    pub const CACHE_ENTRIES: usize = 1024;
+    pub const ESCALATE_MARGIN: f32 = 0.1;
+
+    pub(super) fn threshold() -> f32 {
+        THRESHOLD
+    }
+    pub(super) fn max_concurrency() -> usize {
+        MAX_CONCURRENCY
+    }
+    pub(super) fn max_batch_tokens() -> usize {
+        MAX_BATCH_TOKENS
+    }
+    pub(super) fn max_batch_size() -> usize {
+        MAX_BATCH_SIZE
+    }
+    pub(super) fn max_wait_ms() -> u64 {
+        MAX_WAIT_MS
+    }
+    pub(super) fn judge_max_tokens() -> u32 {
+        JUDGE_MAX_TOKENS
+    }
+    pub(super) fn samples() -> u32 {
+        1
+    }
+    pub(super) fn timeout_s() -> f64 {
+        TIMEOUT_S
+    }
+    pub(super) fn retries() -> u32 {
+        RETRIES
+    }
+    pub(super) fn breaker_failures() -> u32 {
+        BREAKER_FAILURES
+    }
+    pub(super) fn breaker_cooldown_s() -> f64 {
+        BREAKER_COOLDOWN_S
+    }
+    pub(super) fn cache_entries() -> usize {
+        CACHE_ENTRIES
+    }
+    pub(super) fn escalate_margin() -> f32 {
+        ESCALATE_MARGIN
+    }
+    pub(super) fn yes() -> bool {
+        true
+    }
+}
+
+impl EvaluatorConfig {
+    /// A table with the shared keys at their defaults.
+    pub fn new(name: &str, kind: KindConfig) -> Self {
+        EvaluatorConfig {
+            name: name.to_string(),
+            threshold: defaults::THRESHOLD,
+            aggregate: Aggregate::default(),
+            max_steps: None,
+            max_trace_bytes: None,
+            max_concurrency: defaults::MAX_CONCURRENCY,
+            kind,
+        }
+    }
+
+    pub fn kind_name(&self) -> &'static str {
+        self.kind.name()
+    }
+}
+
+impl KindConfig {
+    pub fn name(&self) -> &'static str {
+        match self {
+            KindConfig::Prm(_) => "prm",
+            KindConfig::Judge(_) => "judge",
+            KindConfig::Cascade(_) => "cascade",
+        }
+    }
+
+    /// The model a status line shows: a PRM's folder, a judge's upstream model.
+    pub fn model(&self) -> Option<&str> {
+        match self {
+            KindConfig::Prm(p) => Some(&p.model),
+            KindConfig::Judge(j) => Some(&j.model),
+            KindConfig::Cascade(_) => None,
+        }
+    }
+}
+
+impl PrmConfig {
+    /// A table for `family` at `model` with every other key at its default.
+    pub fn new(family: Family, model: impl Into<String>) -> Self {
+        PrmConfig {
+            family,
+            model: model.into(),
+            device: DeviceSpec::Cpu,
+            dtype: None,
+            max_batch_tokens: defaults::MAX_BATCH_TOKENS,
+            max_batch_size: defaults::MAX_BATCH_SIZE,
+            max_wait_ms: defaults::MAX_WAIT_MS,
+        }
+    }
+
+    /// The dtype in force: the table's, else f32 on the CPU and bf16 on a GPU.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype.unwrap_or(match self.device {
+            DeviceSpec::Cpu => Dtype::F32,
+            DeviceSpec::Cuda(_) => Dtype::Bf16,
+        })
+    }
+}
+
+impl JudgeConfig {
+    /// The temperature sent upstream: none for a reasoning model.
+    pub fn temperature(&self) -> Option<f32> {
+        match (self.reasoning, self.temperature) {
+            (true, _) => None,
+            (false, Some(t)) => Some(t),
+            (false, None) if self.samples > 1 => Some(defaults::VOTING_TEMPERATURE),
+            (false, None) => Some(0.0),
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(DeviceSpec::Cuda(n)),
+                _ => Err(format!(
+                    "device {s:?} is not \"cpu\", \"cuda\" or \"cuda:N\""
+                )),
+            },
+        }
+    }
+}
+
+impl Serialize for DeviceSpec {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}

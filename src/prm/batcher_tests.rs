@@ -1,0 +1,314 @@
+//! The batcher's cutting, waiting, dropping and failure paths, driven by a scripted inbox on
+//! simulated time and a fake scorer: nothing here sleeps.
+
+use super::*;
+use std::sync::Mutex;
+
+fn budget(tokens: usize, size: usize) -> Budget {
+    Budget {
+        max_batch_tokens: tokens,
+        max_batch_size: size,
+        max_wait: Duration::ZERO,
+    }
+}
+
+#[test]
+fn cuts_by_packed_tokens() {
+    let b = budget(100, 8);
+    assert_eq!(next_batch([], &b), 0);
+    assert_eq!(next_batch([10, 10, 10], &b), 3);
+    // The sum counts, not rows x the longest: 10 + 20 + 30 + 10 = 70 fits.
+    assert_eq!(next_batch([10, 20, 30, 10], &b), 4);
+    // 10 + 10 + 90 = 110 > 100: the long row waits for the next batch.
+    assert_eq!(next_batch([10, 10, 90], &b), 2);
+    assert_eq!(next_batch([60, 40, 1], &b), 2);
+    assert_eq!(next_batch([50, 50, 1], &b), 2);
+}
+
+#[test]
+fn cuts_by_size_and_always_takes_one() {
+    assert_eq!(next_batch([1; 10], &budget(1000, 4)), 4);
+    // A single trace over the budget still runs, alone.
+    assert_eq!(next_batch([500, 1], &budget(100, 8)), 1);
+    assert_eq!(next_batch([5], &budget(0, 0)), 1);
+}
+
+/// Requests arriving at set times on a simulated clock that only the script moves.
+struct Script {
+    now: Instant,
+    arrivals: VecDeque<(Instant, Pending)>,
+}
+
+impl Inbox for Script {
+    fn now(&self) -> Instant {
+        self.now
+    }
+
+    fn recv(&mut self, until: Option<Instant>) -> Result<Option<Pending>, Closed> {
+        match (self.arrivals.front(), until) {
+            (None, None) => Err(Closed),
+            (Some((at, _)), until) if until.is_none_or(|u| *at <= u) => {
+                self.now = self.now.max(*at);
+                Ok(self.arrivals.pop_front().map(|(_, p)| p))
+            }
+            (_, Some(until)) => {
+                self.now = self.now.max(until);
+                Ok(None)
+            }
+            (Some(_), None) => unreachable!("the guard above takes every arrival when unbounded"),
+        }
+    }
+}
+
+/// Records each batch's row lengths (its ids are `[len; len]`) and scores each position 0.5,
+/// or fails as told.
+#[derive(Default)]
+struct Fake {
+    batches: Mutex<Vec<Vec<usize>>>,
+    fail: Option<&'static str>,
+    nan: bool,
+}
+
+impl Scorer for Fake {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, String> {
+        self.batches
+            .lock()
+            .unwrap()
+            .push(batch.iter().map(|e| e.ids.len()).collect());
+        if let Some(message) = self.fail {
+            return Err(message.into());
+        }
+        let value = if self.nan { f32::NAN } else { 0.5 };
+        Ok(batch
+            .iter()
+            .map(|e| vec![value; e.positions.len()])
+            .collect())
+    }
+}
+
+type Rx = oneshot::Receiver<Result<Scored, BatchError>>;
+
+struct Sim {
+    t0: Instant,
+    arrivals: VecDeque<(Instant, Pending)>,
+}
+
+impl Sim {
+    fn new() -> Self {
+        Sim {
+            t0: Instant::now(),
+            arrivals: VecDeque::new(),
+        }
+    }
+
+    fn ms(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    /// A request of `len` tokens (one read position) arriving at `at_ms`.
+    fn arrive(&mut self, at_ms: u64, len: usize, deadline_ms: Option<u64>) -> Rx {
+        let (reply, rx) = oneshot::channel();
+        let at = self.ms(at_ms);
+        let pending = Pending {
+            encoded: Encoded {
+                ids: vec![len as u32; len],
+                positions: vec![len - 1],
+            },
+            reply,
+            deadline: deadline_ms.map(|d| self.ms(d)),
+            enqueued: at,
+        };
+        self.arrivals.push_back((at, pending));
+        rx
+    }
+
+    /// Runs the model thread's loop over the script until every request is handled.
+    fn run(self, budget: Budget, scorer: &Fake) {
+        let inbox = Script {
+            now: self.t0,
+            arrivals: self.arrivals,
+        };
+        run("test", scorer, budget, inbox);
+    }
+}
+
+fn waiting(tokens: usize, size: usize, wait_ms: u64) -> Budget {
+    Budget {
+        max_wait: Duration::from_millis(wait_ms),
+        ..budget(tokens, size)
+    }
+}
+
+fn answer(mut rx: Rx) -> Result<Scored, BatchError> {
+    rx.try_recv().expect("the thread answered")
+}
+
+#[test]
+fn the_first_request_waits_for_company_up_to_max_wait() {
+    let mut sim = Sim::new();
+    let a = sim.arrive(0, 3, None);
+    let b = sim.arrive(4, 5, None);
+    // Arrives after A's 5 ms wait is over: it starts the next batch.
+    let c = sim.arrive(6, 7, None);
+    let fake = Fake::default();
+    sim.run(waiting(1000, 8, 5), &fake);
+    assert_eq!(*fake.batches.lock().unwrap(), vec![vec![3, 5], vec![7]]);
+    let a = answer(a).unwrap();
+    assert_eq!(a.scores, vec![0.5]);
+    // A was cut at its 5 ms deadline for company, B 1 ms after it came.
+    assert_eq!(a.queued, Duration::from_millis(5));
+    assert_eq!(answer(b).unwrap().queued, Duration::from_millis(1));
+    assert!(answer(c).is_ok());
+}
+
+#[test]
+fn a_full_batch_is_cut_without_waiting() {
+    let mut sim = Sim::new();
+    let rxs: Vec<Rx> = (0..5).map(|_| sim.arrive(0, 10, None)).collect();
+    let fake = Fake::default();
+    // Room for two rows of 10 tokens: three batches, none of which waited.
+    sim.run(waiting(25, 8, 1_000), &fake);
+    assert_eq!(
+        *fake.batches.lock().unwrap(),
+        vec![vec![10, 10], vec![10, 10], vec![10]]
+    );
+    for rx in rxs.into_iter().take(4) {
+        assert_eq!(answer(rx).unwrap().queued, Duration::ZERO);
+    }
+}
+
+#[test]
+fn a_long_row_never_starves_behind_short_ones() {
+    let mut sim = Sim::new();
+    let long = sim.arrive(0, 90, None);
+    let shorts: Vec<Rx> = (1..6).map(|t| sim.arrive(t, 10, None)).collect();
+    let fake = Fake::default();
+    sim.run(waiting(100, 8, 10), &fake);
+    // Queue order holds: the long row goes first, with the one short row that fits beside it.
+    assert_eq!(fake.batches.lock().unwrap()[0], vec![90, 10]);
+    assert!(answer(long).is_ok());
+    for rx in shorts {
+        assert!(answer(rx).is_ok());
+    }
+}
+
+#[test]
+fn work_past_its_deadline_is_answered_and_never_scored() {
+    let mut sim = Sim::new();
+    let late = sim.arrive(0, 3, Some(2));
+    let fine = sim.arrive(1, 4, Some(100));
+    let fake = Fake::default();
+    sim.run(waiting(1000, 8, 5), &fake);
+    assert_eq!(answer(late), Err(BatchError::Deadline));
+    assert!(answer(fine).is_ok());
+    assert_eq!(*fake.batches.lock().unwrap(), vec![vec![4]]);
+}
+
+#[test]
+fn work_whose_caller_left_is_dropped_before_the_scorer() {
+    let mut sim = Sim::new();
+    let gone = sim.arrive(0, 3, None);
+    let stays = sim.arrive(0, 4, None);
+    drop(gone);
+    let fake = Fake::default();
+    sim.run(waiting(1000, 8, 5), &fake);
+    assert_eq!(*fake.batches.lock().unwrap(), vec![vec![4]]);
+    assert!(answer(stays).is_ok());
+}
+
+#[test]
+fn a_failed_or_non_finite_batch_fails_each_of_its_requests() {
+    for (fake, want) in [
+        (
+            Fake {
+                fail: Some("out of memory"),
+                ..Fake::default()
+            },
+            "out of memory",
+        ),
+        (
+            Fake {
+                nan: true,
+                ..Fake::default()
+            },
+            "non-finite",
+        ),
+    ] {
+        let mut sim = Sim::new();
+        let rxs = [sim.arrive(0, 3, None), sim.arrive(0, 4, None)];
+        sim.run(waiting(1000, 8, 0), &fake);
+        for rx in rxs {
+            match answer(rx) {
+                Err(BatchError::Model(m)) => assert!(m.contains(want), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}
+
+/// Panics on its first batch, as a model thread that hits a bug would.
+struct Panics;
+
+impl Scorer for Panics {
+    fn score(&self, _: &[&Encoded]) -> Result<Vec<Vec<f32>>, String> {
+        panic!("a bug in the model")
+    }
+}
+
+#[tokio::test]
+async fn a_dead_model_thread_fails_its_work_and_reports_itself() {
+    let batcher = Batcher::spawn("dies", Panics, budget(100, 4), 4).unwrap();
+    let mut health = batcher.health();
+    assert!(batcher.alive());
+    let encoded = Encoded {
+        ids: vec![1, 2, 3],
+        positions: vec![2],
+    };
+    let rx = batcher.submit(encoded.clone(), None).unwrap();
+    // The reply is dropped unanswered when the thread unwinds.
+    assert!(rx.await.is_err());
+    health.wait_for(|alive| !alive).await.unwrap();
+    assert!(!batcher.alive());
+    let err = batcher.submit(encoded, None).map(drop).unwrap_err();
+    assert_eq!(err, BatchError::Stopped);
+}
+
+#[tokio::test]
+async fn a_full_queue_is_refused_at_once() {
+    /// Holds the thread in its first batch until the test lets it go.
+    struct Held(Mutex<std::sync::mpsc::Receiver<()>>);
+    impl Scorer for Held {
+        fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, String> {
+            let _ = self.0.lock().unwrap().recv();
+            Ok(batch.iter().map(|e| vec![1.0; e.positions.len()]).collect())
+        }
+    }
+    let (release, held) = std::sync::mpsc::channel();
+    let batcher = Batcher::spawn("full", Held(Mutex::new(held)), budget(100, 1), 1).unwrap();
+    let row = || Encoded {
+        ids: vec![1],
+        positions: vec![0],
+    };
+    let first = batcher.submit(row(), None).unwrap();
+    // Fill the channel's one slot once the thread has taken the first request into its batch.
+    let second = loop {
+        match batcher.submit(row(), None) {
+            Ok(rx) => break rx,
+            Err(BatchError::QueueFull(_)) => tokio::task::yield_now().await,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let refused = loop {
+        match batcher.submit(row(), None) {
+            Err(e) => break e,
+            // The thread took the second one too before its first batch began: try again.
+            Ok(rx) => drop(rx),
+        }
+    };
+    assert_eq!(refused, BatchError::QueueFull(1));
+    for _ in 0..3 {
+        let _ = release.send(());
+    }
+    assert!(first.await.unwrap().is_ok());
+    assert!(second.await.unwrap().is_ok());
+}
