@@ -1,17 +1,27 @@
 //! # retrace
 //!
 //! A gRPC service that judges reasoning traces step by step: the first wrong step, the error's
-//! category and a score per step, from process reward models run in-process on candle.
+//! category and a score per step, from process reward models run in-process on candle and from
+//! LLM judges behind an OpenAI-compatible endpoint.
 //!
 //! # Layout
 //! - `api/`: the tonic service; proto <-> domain at the edge; the one error -> Status table.
-//! - `engine/`: the `Evaluator` trait, the registry, admission, per-evaluator queues, deadlines.
-//! - `prm/`: PRM checkpoints on candle: loading, the decoder, heads, formats, the batcher thread.
-//! - `eval/`: the offline benchmark (`retrace eval`, `retrace calibrate`) and its report.
-//! - `config/` (file, overrides, validation), `trace.rs` (domain types), `segment.rs` (raw text
-//!   -> steps), `metrics.rs` (every metric name once).
+//! - `engine/`: the `Evaluator` trait, the registry, admission, per-evaluator gates (every caller's
+//!   path to an evaluator, a cascade's included), deadlines, readiness watches.
+//! - `prm/`: PRM checkpoints on candle: formats per family, the batcher thread driving a `Scorer`,
+//!   the packed decoder and heads.
+//! - `judge/`: prompt templates, the reply parser and vote, the OpenAI-compatible client with its
+//!   retries, breaker, rate limit and cache.
+//! - `cascade.rs`: a PRM, then its judge when unsure.
+//! - `config/`: the file, `--set` and typed flags -> one validated `Config`, one struct per
+//!   evaluator kind (`evaluator.rs`), rules (`rules.rs`), the environment (`env.rs`).
+//! - `eval/` (`retrace eval`, `retrace calibrate`) and `bench/` (`retrace bench`): the offline
+//!   benchmark and the speed benchmark.
+//! - `trace.rs` (domain types), `segment.rs` (raw text -> steps), `metrics.rs` (every metric
+//!   name once).
 //!
-//! A request takes three hops: api -> engine -> evaluator. `run` is the whole server.
+//! A request takes three hops: api -> engine -> evaluator. `run` is the whole server; `serve`
+//! wires its pieces: the metrics listener, the gRPC router, health, and the drain on shutdown.
 
 pub mod api;
 pub mod bench;

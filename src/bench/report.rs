@@ -323,8 +323,7 @@ impl Report {
             for c in self.concurrencies() {
                 let x = self.speedup(c, |r| r.traces_per_s, true);
                 parts.push(format!(
-                    "traces/s ≥ {}x llama-server at c={c}: {}x, {}",
-                    num(want),
+                    "traces/s ≥ {want}x llama-server at c={c}: {}x, {}",
                     num(x),
                     mark(x >= want)
                 ));
@@ -336,8 +335,7 @@ impl Report {
                 let pct = 100.0 * best.gflops / self.peak.gflops;
                 let worst = big.iter().map(|p| p.gflops).fold(f64::INFINITY, f64::min);
                 parts.push(format!(
-                    "≥ {}% of the matmul peak at batch ≥ 8: best {}% ({} tokens × {}), worst {}%, {}",
-                    num(want),
+                    "≥ {want}% of the matmul peak at batch ≥ 8: best {}% ({} tokens × {}), worst {}%, {}",
                     num(pct),
                     best.len,
                     best.batch,
@@ -349,8 +347,7 @@ impl Report {
         if let (Some(factor), Some(rss)) = (t.target_rss_factor, self.retrace_rss) {
             let limit = factor * self.weights as f64 + (256u64 << 20) as f64;
             parts.push(format!(
-                "peak RSS ≤ {} × weights ({:.0} MiB) + 256 MiB = {:.0} MiB: {:.0} MiB, {}",
-                num(factor),
+                "peak RSS ≤ {factor} × weights ({:.0} MiB) + 256 MiB = {:.0} MiB: {:.0} MiB, {}",
                 mib(self.weights),
                 limit / (1 << 20) as f64,
                 mib(rss),
