@@ -25,14 +25,14 @@
 
 pub mod api;
 pub mod bench;
-pub mod cascade;
+mod cascade;
 pub mod config;
 pub mod engine;
 pub mod eval;
-pub mod judge;
+mod judge;
 pub mod metrics;
 pub mod prm;
-pub mod segment;
+mod segment;
 pub mod trace;
 
 use crate::api::{BearerAuth, EvaluatorService, pb};

@@ -22,14 +22,52 @@ pub struct Step {
     pub span: Option<Range<usize>>,
 }
 
-/// Category of the first wrong step, in ReTraceQA's priority order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Category of the first wrong step, in ReTraceQA's priority order; the one mapping between
+/// the names in data, predictions and judge replies and the variants.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum ErrorCategory {
-    Unspecified,
+    /// Every step holds.
     None,
     Misinterpretation,
     Hallucination,
     Reasoning,
+    /// The evaluator names no category (a PRM can't tell).
+    Unspecified,
+}
+
+impl ErrorCategory {
+    /// The labelled categories, in ReTraceQA's priority order after `None`.
+    pub const LABELLED: [ErrorCategory; 4] = [
+        ErrorCategory::None,
+        ErrorCategory::Misinterpretation,
+        ErrorCategory::Hallucination,
+        ErrorCategory::Reasoning,
+    ];
+
+    /// A name as data and replies write it, any case; "correct" is `None`.
+    pub fn parse(s: &str) -> Option<ErrorCategory> {
+        Some(match s.trim().to_ascii_lowercase().as_str() {
+            "none" | "correct" => ErrorCategory::None,
+            "misinterpretation" => ErrorCategory::Misinterpretation,
+            "hallucination" => ErrorCategory::Hallucination,
+            "reasoning" => ErrorCategory::Reasoning,
+            "unspecified" => ErrorCategory::Unspecified,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCategory::None => "none",
+            ErrorCategory::Misinterpretation => "misinterpretation",
+            ErrorCategory::Hallucination => "hallucination",
+            ErrorCategory::Reasoning => "reasoning",
+            ErrorCategory::Unspecified => "unspecified",
+        }
+    }
 }
 
 /// Who decided the verdict: a PRM alone, a judge alone, or a cascade that asked its judge.

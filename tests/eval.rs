@@ -6,9 +6,10 @@ mod common;
 
 use common::*;
 use retrace::eval::{
-    self, Analysis, Calibration, Category, Report, Row, ScoredTrace, Summary, first_below,
-    read_records, read_rows, rethreshold, sweep,
+    self, Analysis, Calibration, Report, Row, ScoredTrace, Summary, first_below, read_records,
+    read_rows, rethreshold, sweep,
 };
+use retrace::trace::ErrorCategory;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -200,7 +201,7 @@ fn calibration_finds_the_known_best_threshold() {
     }
 }
 
-fn row(split: &str, label: i32, scores: &[f32], gold: Option<Category>) -> Row {
+fn row(split: &str, label: i32, scores: &[f32], gold: Option<ErrorCategory>) -> Row {
     let p = first_below(scores, 0.5);
     Row {
         id: format!("{split}-{label}-{}", scores.len()),
@@ -208,9 +209,9 @@ fn row(split: &str, label: i32, scores: &[f32], gold: Option<Category>) -> Row {
         label,
         prediction: Some(p),
         category: Some(if p == -1 {
-            Category::None
+            ErrorCategory::None
         } else {
-            Category::Unspecified
+            ErrorCategory::Unspecified
         }),
         gold_category: gold,
         step_scores: scores.to_vec(),
@@ -226,10 +227,10 @@ fn row(split: &str, label: i32, scores: &[f32], gold: Option<Category>) -> Row {
 #[test]
 fn the_report_renders_markdown_and_html_with_svg() {
     let rows = [
-        row("x", -1, &[0.9, 0.8], Some(Category::None)),
-        row("x", 1, &[0.9, 0.3, 0.2], Some(Category::Reasoning)),
-        row("y", 0, &[0.6, 0.9], Some(Category::Hallucination)),
-        row("y", -1, &[0.7], Some(Category::None)),
+        row("x", -1, &[0.9, 0.8], Some(ErrorCategory::None)),
+        row("x", 1, &[0.9, 0.3, 0.2], Some(ErrorCategory::Reasoning)),
+        row("y", 0, &[0.6, 0.9], Some(ErrorCategory::Hallucination)),
+        row("y", -1, &[0.7], Some(ErrorCategory::None)),
     ];
     let traces: Vec<ScoredTrace> = rows.iter().map(ScoredTrace::of).collect();
     let curve = sweep(&traces);
@@ -391,8 +392,11 @@ async fn eval_and_calibrate_run_end_to_end_against_a_server() {
         assert_eq!(first_below(&row.step_scores, 0.5), pred);
     }
     let by_id: HashMap<&str, &Row> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
-    assert_eq!(by_id["c1"].gold_category, Some(Category::Hallucination));
-    assert_eq!(by_id["c1"].category, Some(Category::Unspecified));
+    assert_eq!(
+        by_id["c1"].gold_category,
+        Some(ErrorCategory::Hallucination)
+    );
+    assert_eq!(by_id["c1"].category, Some(ErrorCategory::Unspecified));
     assert_eq!(by_id["c2"].split, "csqa");
 
     // The summary on disk agrees with the metric recomputed from the rows.

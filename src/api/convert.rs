@@ -128,6 +128,17 @@ pub fn category(c: ErrorCategory) -> pb::ErrorCategory {
     }
 }
 
+/// The inverse of `category`; an unknown number reads as unspecified.
+pub fn category_from_pb(c: i32) -> ErrorCategory {
+    match pb::ErrorCategory::try_from(c) {
+        Ok(pb::ErrorCategory::None) => ErrorCategory::None,
+        Ok(pb::ErrorCategory::Misinterpretation) => ErrorCategory::Misinterpretation,
+        Ok(pb::ErrorCategory::Hallucination) => ErrorCategory::Hallucination,
+        Ok(pb::ErrorCategory::Reasoning) => ErrorCategory::Reasoning,
+        Ok(pb::ErrorCategory::Unspecified) | Err(_) => ErrorCategory::Unspecified,
+    }
+}
+
 pub fn decision_path(p: Path) -> pb::DecisionPath {
     match p {
         Path::Prm => pb::DecisionPath::Prm,

@@ -6,7 +6,7 @@ mod convert;
 mod status;
 
 pub use auth::BearerAuth;
-pub use convert::{parse_grpc_timeout, parse_with_question};
+pub use convert::{category_from_pb, parse_grpc_timeout, parse_with_question};
 pub use status::{outcome, to_status};
 
 use crate::engine::{Engine, EngineError, Request as EngineRequest};

@@ -277,3 +277,102 @@ fn secrets_are_redacted() {
     assert!(!c.redacted_toml().contains("hunter2"));
     assert_eq!(c.auth_tokens().unwrap()[0].0, "hunter2");
 }
+
+#[test]
+fn device_and_dtype_are_parsed_when_the_config_is_read() {
+    for (to, want) in [
+        (
+            "device = \"gpu\"",
+            "device \"gpu\" is not \"cpu\", \"cuda\" or \"cuda:N\"",
+        ),
+        ("device = \"cuda:x\"", "cuda:x"),
+        ("device = \"cpu\"\ndtype = \"f64\"", "unknown variant `f64`"),
+    ] {
+        let err = parse(&EXAMPLE.replace("device = \"cpu\"", to)).unwrap_err();
+        assert!(err.message.contains(want), "{to}: {err}");
+        assert!(
+            err.message.contains("evaluator[0] (\"qwen-prm\")"),
+            "{to}: {err}"
+        );
+    }
+    let c = parse(&EXAMPLE.replace("device = \"cpu\"", "device = \"cuda\"")).unwrap();
+    let KindConfig::Prm(p) = &c.evaluators[0].kind else {
+        panic!("a prm table")
+    };
+    assert_eq!((p.device, p.dtype()), (DeviceSpec::Cuda(0), Dtype::Bf16));
+}
+
+#[test]
+fn an_unknown_kind_or_a_typo_names_the_key_and_the_line() {
+    let err = parse(&EXAMPLE.replace("kind = \"prm\"", "kind = \"reranker\"")).unwrap_err();
+    assert!(err.message.contains("unknown variant `reranker`"), "{err}");
+    let err = parse(&EXAMPLE.replace("device =", "devise =")).unwrap_err();
+    // The table starts on line 9 of EXAMPLE.
+    assert!(
+        err.message
+            .starts_with("evaluator[0] (\"qwen-prm\") (line 9): unknown field `devise`"),
+        "{err}"
+    );
+    let err =
+        Config::parse(EXAMPLE, "t", &["evaluator.qwen-prm.base_url=\"x\"".into()]).unwrap_err();
+    assert!(
+        err.message
+            .contains("after --set overrides: evaluator[0] (\"qwen-prm\")")
+            && err.message.contains("unknown field `base_url`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn flags_are_typed_overrides_laid_over_the_file_and_set() {
+    let flags = ServerFlags {
+        max_in_flight: Some(9),
+        grpc_addr: Some("127.0.0.1:7000".parse().unwrap()),
+        ..ServerFlags::default()
+    };
+    let sets = ["server.max_in_flight=7".to_string()];
+    let c = Config::parse_with(EXAMPLE, "t", &sets, &flags).unwrap();
+    assert_eq!(c.server.max_in_flight, 9);
+    assert_eq!(c.server.grpc_addr.port(), 7000);
+    assert_eq!(
+        c.server.shutdown_grace_s, 30.0,
+        "what no flag names is the file's"
+    );
+    // Flags are validated like the file.
+    let zero = ServerFlags {
+        max_in_flight: Some(0),
+        ..ServerFlags::default()
+    };
+    let err = Config::parse_with(EXAMPLE, "t", &[], &zero).unwrap_err();
+    assert!(err.message.contains("server.max_in_flight"), "{err}");
+}
+
+#[test]
+fn the_embedded_default_serves_smollm2_from_the_cache_folder() {
+    let flags = ServerFlags {
+        cache_dir: Some("/models/cache".into()),
+        ..ServerFlags::default()
+    };
+    let c = Config::embedded(&[], &flags).unwrap();
+    assert_eq!(c.evaluators.len(), 1);
+    let KindConfig::Prm(p) = &c.evaluators[0].kind else {
+        panic!("a prm table")
+    };
+    assert_eq!(c.evaluators[0].name, "smollm2");
+    assert_eq!(p.family, Family::ChatLm);
+    assert_eq!(p.model, "/models/cache/smollm2");
+}
+
+#[test]
+fn the_resolved_config_renders_and_reads_back_the_same() {
+    let text = format!(
+        "{EXAMPLE}\n[[evaluator]]\nname = \"j\"\nkind = \"judge\"\nbase_url = \"http://x/v1\"\n\
+         model = \"m\"\nextra_body = {{ seed = 1 }}\n\n[[evaluator]]\nname = \"c\"\nkind = \"cascade\"\n\
+         prm = \"qwen-prm\"\njudge = \"j\"\n"
+    );
+    let c = parse(&text).unwrap();
+    let rendered = c.redacted_toml();
+    let back = Config::parse(&rendered, "rendered", &[]).unwrap();
+    assert_eq!(back.evaluators, c.evaluators, "{rendered}");
+    assert!(rendered.contains("kind = \"cascade\""), "{rendered}");
+}

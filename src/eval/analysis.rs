@@ -1,14 +1,14 @@
 //! Beyond the headline metric: per-category accuracy and the category confusion matrix, gold
 //! against predicted first-error index, and ReTraceQA's answer-level view by generator.
 
-use super::dataset::Category;
 use super::metric::{Accumulator, Summary};
 use super::predictions::Row;
+use crate::trace::ErrorCategory;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// The predicted side of the category confusion matrix: a category, or a failed request.
-pub type Predicted = Option<Category>;
+pub type Predicted = Option<ErrorCategory>;
 
 /// Everything the report shows, built from rows in one pass (memory: counts only).
 #[derive(Debug, Clone, Serialize)]
@@ -29,9 +29,9 @@ pub struct Analysis {
 pub struct CategoryStats {
     /// (gold, predicted) -> traces.
     #[serde(serialize_with = "as_entries")]
-    pub confusion: BTreeMap<(Category, Predicted), usize>,
+    pub confusion: BTreeMap<(ErrorCategory, Predicted), usize>,
     /// gold -> (traces, first-error index right, category right).
-    pub by_gold: BTreeMap<Category, (usize, usize, usize)>,
+    pub by_gold: BTreeMap<ErrorCategory, (usize, usize, usize)>,
 }
 
 /// A map with composite keys as a JSON list of [key, value] pairs.
@@ -198,15 +198,15 @@ mod tests {
             prediction,
             category: prediction.map(|p| {
                 if p == -1 {
-                    Category::None
+                    ErrorCategory::None
                 } else {
-                    Category::Reasoning
+                    ErrorCategory::Reasoning
                 }
             }),
             gold_category: Some(if label == -1 {
-                Category::None
+                ErrorCategory::None
             } else {
-                Category::Hallucination
+                ErrorCategory::Hallucination
             }),
             step_scores: vec![],
             matched: prediction == Some(label),
@@ -261,13 +261,16 @@ mod tests {
             row(1, None, "g", true),
         ];
         let c = Analysis::of(&rows).categories.unwrap();
-        assert_eq!(c.confusion[&(Category::None, Some(Category::None))], 1);
         assert_eq!(
-            c.confusion[&(Category::Hallucination, Some(Category::Reasoning))],
+            c.confusion[&(ErrorCategory::None, Some(ErrorCategory::None))],
             1
         );
-        assert_eq!(c.confusion[&(Category::Hallucination, None)], 1);
-        assert_eq!(c.by_gold[&Category::Hallucination], (2, 1, 0));
-        assert_eq!(c.by_gold[&Category::None], (1, 1, 1));
+        assert_eq!(
+            c.confusion[&(ErrorCategory::Hallucination, Some(ErrorCategory::Reasoning))],
+            1
+        );
+        assert_eq!(c.confusion[&(ErrorCategory::Hallucination, None)], 1);
+        assert_eq!(c.by_gold[&ErrorCategory::Hallucination], (2, 1, 0));
+        assert_eq!(c.by_gold[&ErrorCategory::None], (1, 1, 1));
     }
 }

@@ -11,23 +11,11 @@
 //! - `reference_answer`, `final_answer_correct`, `generator`, optional;
 //! - `dataset`: the split the row counts under; default the file's stem (`gsm8k.json` -> gsm8k).
 
-use serde::{Deserialize, Serialize};
+use crate::trace::ErrorCategory;
+use serde::Deserialize;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-
-/// Category of the first wrong step, as labelled in data and as written in predictions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Category {
-    /// Every step holds.
-    None,
-    Misinterpretation,
-    Hallucination,
-    Reasoning,
-    /// The evaluator names no category (a PRM can't tell).
-    Unspecified,
-}
 
 /// One labelled trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,7 +28,7 @@ pub struct Record {
     pub steps: Vec<String>,
     pub text: Option<String>,
     pub label: i32,
-    pub category: Option<Category>,
+    pub category: Option<ErrorCategory>,
     pub reference_answer: Option<String>,
     pub final_answer_correct: Option<bool>,
     pub generator: Option<String>,
@@ -82,50 +70,6 @@ struct RawRecord {
     final_answer_correct: Option<bool>,
     dataset: Option<String>,
     generator: Option<String>,
-}
-
-impl Category {
-    pub fn parse(s: &str) -> Option<Category> {
-        Some(match s.trim().to_ascii_lowercase().as_str() {
-            "none" | "correct" => Category::None,
-            "misinterpretation" => Category::Misinterpretation,
-            "hallucination" => Category::Hallucination,
-            "reasoning" => Category::Reasoning,
-            "unspecified" => Category::Unspecified,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Category::None => "none",
-            Category::Misinterpretation => "misinterpretation",
-            Category::Hallucination => "hallucination",
-            Category::Reasoning => "reasoning",
-            Category::Unspecified => "unspecified",
-        }
-    }
-
-    /// The labelled categories, in ReTraceQA's priority order after `None`.
-    pub const LABELLED: [Category; 4] = [
-        Category::None,
-        Category::Misinterpretation,
-        Category::Hallucination,
-        Category::Reasoning,
-    ];
-}
-
-impl From<crate::trace::ErrorCategory> for Category {
-    fn from(c: crate::trace::ErrorCategory) -> Self {
-        use crate::trace::ErrorCategory as E;
-        match c {
-            E::Unspecified => Category::Unspecified,
-            E::None => Category::None,
-            E::Misinterpretation => Category::Misinterpretation,
-            E::Hallucination => Category::Hallucination,
-            E::Reasoning => Category::Reasoning,
-        }
-    }
 }
 
 /// Where rows come from: a JSON array held in memory (one file at a time), or JSONL streamed.
@@ -370,8 +314,8 @@ impl Records {
         }
         let category = match raw.category.as_deref().filter(|c| !c.trim().is_empty()) {
             None => None,
-            Some(c) => match Category::parse(c) {
-                Some(Category::Unspecified) | None => {
+            Some(c) => match ErrorCategory::parse(c) {
+                Some(ErrorCategory::Unspecified) | None => {
                     return Err(at(&format!(
                         "`category` {c:?} is not one of none, misinterpretation, hallucination, reasoning"
                     )));
@@ -380,10 +324,10 @@ impl Records {
             },
         };
         match category {
-            Some(Category::None) if label != -1 => {
+            Some(ErrorCategory::None) if label != -1 => {
                 return Err(at("`category` is none but `label` names a wrong step"));
             }
-            Some(c) if c != Category::None && label == -1 => {
+            Some(c) if c != ErrorCategory::None && label == -1 => {
                 return Err(at(&format!(
                     "`category` is {} but `label` is -1",
                     c.as_str()
@@ -487,7 +431,7 @@ mod tests {
         let rows: Vec<_> = read_records(&path).unwrap().collect();
         let a = rows[0].as_ref().unwrap();
         assert_eq!((a.id.as_str(), a.split.as_str()), ("csqa-0", "csqa"));
-        assert_eq!(a.category, Some(Category::Hallucination));
+        assert_eq!(a.category, Some(ErrorCategory::Hallucination));
         assert!(a.steps.is_empty() && a.text.is_some());
         let e = rows[1].as_ref().unwrap_err();
         assert_eq!(e.line, 3);

@@ -3,8 +3,8 @@
 
 use super::analysis::Analysis;
 use super::calibrate::{Choice, Curve};
-use super::dataset::Category;
 use super::metric::Summary;
+use crate::trace::ErrorCategory;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::collections::BTreeMap;
@@ -255,15 +255,18 @@ pub fn index_heatmap(pairs: &BTreeMap<(i32, Option<i32>), usize>) -> String {
 }
 
 /// Gold category (rows) against predicted category (columns), with counts in the cells.
-pub fn category_heatmap(confusion: &BTreeMap<(Category, Option<Category>), usize>) -> String {
-    let rows = Category::LABELLED;
-    let cols: Vec<Option<Category>> = Category::LABELLED
+pub fn category_heatmap(
+    confusion: &BTreeMap<(ErrorCategory, Option<ErrorCategory>), usize>,
+) -> String {
+    let rows = ErrorCategory::LABELLED;
+    let cols: Vec<Option<ErrorCategory>> = ErrorCategory::LABELLED
         .iter()
         .copied()
         .map(Some)
-        .chain([Some(Category::Unspecified), None])
+        .chain([Some(ErrorCategory::Unspecified), None])
         .collect();
-    let col_name = |c: &Option<Category>| c.map_or("failed", Category::as_str).to_string();
+    let col_name =
+        |c: &Option<ErrorCategory>| c.map_or("failed", ErrorCategory::as_str).to_string();
     let row_totals: Vec<usize> = rows
         .iter()
         .map(|g| {
@@ -329,7 +332,7 @@ pub fn for_analysis(a: &Analysis) -> Vec<(&'static str, String)> {
         out.push(("First wrong step", index_heatmap(&a.index_pairs)));
     }
     if let Some(c) = &a.categories {
-        out.push(("Category confusion", category_heatmap(&c.confusion)));
+        out.push(("ErrorCategory confusion", category_heatmap(&c.confusion)));
     }
     out
 }

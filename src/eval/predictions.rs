@@ -1,8 +1,9 @@
 //! The predictions JSONL: one `Row` per judged trace. It is `eval`'s output, what makes a run
 //! resumable (rows already there are skipped), and the score cache `calibrate` re-thresholds.
 
-use super::dataset::{Category, DataError, Record};
+use super::dataset::{DataError, Record};
 use super::{EvalError, shown};
+use crate::trace::ErrorCategory;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -19,10 +20,10 @@ pub struct Row {
     /// The evaluator's first wrong step; -1 for none; null when the request failed.
     pub prediction: Option<i32>,
     /// The evaluator's category; null when the request failed.
-    pub category: Option<Category>,
+    pub category: Option<ErrorCategory>,
     /// Gold category, when the data carries one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gold_category: Option<Category>,
+    pub gold_category: Option<ErrorCategory>,
     /// One score per step: P(step correct).
     #[serde(default)]
     pub step_scores: Vec<f32>,
@@ -50,7 +51,7 @@ pub enum Outcome {
     Judged {
         evaluator: String,
         first_error: i32,
-        category: Category,
+        category: ErrorCategory,
         step_scores: Vec<f32>,
         threshold: f32,
     },
@@ -258,7 +259,7 @@ mod tests {
             Outcome::Judged {
                 evaluator: "e".into(),
                 first_error: 1,
-                category: Category::Unspecified,
+                category: ErrorCategory::Unspecified,
                 step_scores: vec![0.9, 0.123_456_79],
                 threshold: 0.5,
             },
@@ -302,7 +303,7 @@ mod tests {
         Outcome::Judged {
             evaluator: "e".into(),
             first_error,
-            category: Category::Unspecified,
+            category: ErrorCategory::Unspecified,
             step_scores: vec![0.9, 0.9],
             threshold: 0.5,
         }

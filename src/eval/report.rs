@@ -3,9 +3,9 @@
 
 use super::analysis::{Analysis, GeneratorStats};
 use super::calibrate::{Choice, Curve};
-use super::dataset::Category;
 use super::metric::Summary;
 use super::plots::{self, html_escape};
+use crate::trace::ErrorCategory;
 
 /// Everything a report shows.
 pub struct Report {
@@ -154,18 +154,18 @@ fn sections(r: &Report) -> Vec<Section> {
                 })
                 .collect(),
         ));
-        let cols: Vec<Option<Category>> = Category::LABELLED
+        let cols: Vec<Option<ErrorCategory>> = ErrorCategory::LABELLED
             .iter()
             .copied()
             .map(Some)
-            .chain([Some(Category::Unspecified), None])
+            .chain([Some(ErrorCategory::Unspecified), None])
             .collect();
         let mut headers = vec!["gold \\ predicted".to_string()];
         headers.extend(
             cols.iter()
-                .map(|c| c.map_or("failed", Category::as_str).to_string()),
+                .map(|c| c.map_or("failed", ErrorCategory::as_str).to_string()),
         );
-        let rows = Category::LABELLED
+        let rows = ErrorCategory::LABELLED
             .iter()
             .map(|g| {
                 let mut row = vec![g.as_str().to_string()];

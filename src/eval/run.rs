@@ -3,7 +3,7 @@
 //! predictions row per answer. Rows already in the output are skipped, so a rerun resumes.
 
 use super::backend::Backend;
-use super::dataset::{self, Category, DataError, Record};
+use super::dataset::{self, DataError, Record};
 use super::predictions::{self, Outcome, Row, Writer};
 use super::{EvalError, shown};
 use crate::api::parse_with_question;
@@ -332,7 +332,7 @@ fn judged(v: Verdict) -> Outcome {
     Outcome::Judged {
         evaluator: v.evaluator,
         first_error: v.judgement.first_error.map_or(-1, |i| i as i32),
-        category: v.judgement.category.into(),
+        category: v.judgement.category,
         step_scores: v.judgement.step_scores,
         threshold: v.threshold,
     }
@@ -361,13 +361,7 @@ fn outcome_of(resp: pb::EvaluateResponse) -> Outcome {
             message: format!("{code:?}: {}", e.message),
         };
     }
-    let category = match pb::ErrorCategory::try_from(resp.category) {
-        Ok(pb::ErrorCategory::None) => Category::None,
-        Ok(pb::ErrorCategory::Misinterpretation) => Category::Misinterpretation,
-        Ok(pb::ErrorCategory::Hallucination) => Category::Hallucination,
-        Ok(pb::ErrorCategory::Reasoning) => Category::Reasoning,
-        Ok(pb::ErrorCategory::Unspecified) | Err(_) => Category::Unspecified,
-    };
+    let category = crate::api::category_from_pb(resp.category);
     Outcome::Judged {
         evaluator: resp.evaluator,
         first_error: resp.first_error_index,

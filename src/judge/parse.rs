@@ -269,11 +269,9 @@ fn category_of_label(line: &str) -> Option<ErrorCategory> {
     after
         .split(|c: char| !c.is_ascii_alphabetic())
         .find_map(|word| match word {
-            "misinterpretation" => Some(ErrorCategory::Misinterpretation),
-            "hallucination" => Some(ErrorCategory::Hallucination),
-            "reasoning" => Some(ErrorCategory::Reasoning),
-            "none" => Some(ErrorCategory::None),
-            _ => None,
+            // Only the names the prompt offers: "correct" and "unspecified" are not verdicts.
+            "correct" | "unspecified" => None,
+            word => ErrorCategory::parse(word),
         })
 }
 

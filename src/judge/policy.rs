@@ -124,7 +124,8 @@ impl Breaker {
         })
     }
 
-    /// Whether calls would be refused at `now`.
+    /// Whether calls would be refused at `now` (the tests' view of the state).
+    #[cfg(test)]
     pub fn is_open(&self, now: Instant) -> bool {
         match *self.lock() {
             State::Closed { .. } => false,

@@ -114,6 +114,7 @@ impl TemplateKind {
         }
     }
 
+    #[cfg(test)]
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.name() == name)
     }
@@ -191,10 +192,7 @@ impl Template {
         Template::new(kind, &text, path)
     }
 
-    pub fn kind(&self) -> TemplateKind {
-        self.kind
-    }
-
+    #[cfg(test)]
     pub fn text(&self) -> &str {
         &self.text
     }
@@ -234,7 +232,7 @@ impl Templates {
         }
     }
 
-    /// Replaces the template of `template.kind()`.
+    /// Replaces the template of `template`'s kind.
     pub fn set(&mut self, template: Template) {
         let i = template.kind.index();
         self.by_kind[i] = template;

@@ -5,7 +5,7 @@ mod batcher;
 mod decoder;
 pub mod format;
 mod head;
-pub mod model;
+pub(crate) mod model;
 mod model_config;
 mod packing;
 mod template;
