@@ -116,7 +116,7 @@ async fn backend(c: &ConnectOptions) -> Result<Backend, EvalError> {
     match (&c.server, &c.config) {
         (Some(addr), None) => {
             let token = match &c.token_env {
-                Some(var) => Some(std::env::var(var).map_err(|_| {
+                Some(var) => Some(crate::config::env::secret(var).ok_or_else(|| {
                     EvalError::Usage(format!("--token-env names {var}, which is not set"))
                 })?),
                 None => None,
