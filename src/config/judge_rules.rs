@@ -1,6 +1,8 @@
 //! Validation rules for `judge` and `cascade` tables; each message names the key at fault.
 
 use super::{EvaluatorConfig, Kind, MAX_GRACE_S};
+use crate::judge::OutputMode;
+use crate::judge::output::CONSTRAINT_KEYS;
 
 /// Most samples one judge may vote over: each is a full judge reply.
 pub const MAX_SAMPLES: u32 = 64;
@@ -94,6 +96,30 @@ pub fn check_judge(e: &EvaluatorConfig) -> Result<(), String> {
     {
         return Err(format!(
             "extra_body must not set `{key}`: the judge sets it (use `samples` for `n`)"
+        ));
+    }
+    check_output(e)
+}
+
+/// A grammar needs an upstream that reads one, and a structured mode can't share the request
+/// with a constraint of the user's own in `extra_body`.
+fn check_output(e: &EvaluatorConfig) -> Result<(), String> {
+    let upstream = e.upstream.unwrap_or_default();
+    if e.output == Some(OutputMode::Grammar) && !upstream.takes_grammar() {
+        return Err(format!(
+            "output = \"grammar\" needs upstream = \"llama.cpp\", \"vllm\" or \"sglang\" \
+             (upstream {:?} takes no grammar; use output = \"json_schema\")",
+            upstream.name()
+        ));
+    }
+    if let Some(mode) = e.output.filter(|m| *m != OutputMode::Text)
+        && let Some(extra) = &e.extra_body
+        && let Some(key) = CONSTRAINT_KEYS.iter().find(|k| extra.contains_key(**k))
+    {
+        return Err(format!(
+            "extra_body sets `{key}`, which conflicts with output = \"{}\"; remove one \
+             (leave output out, or set it to \"text\", to keep your own constraint)",
+            mode.name()
         ));
     }
     Ok(())

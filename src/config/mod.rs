@@ -122,6 +122,11 @@ pub struct EvaluatorConfig {
     pub repair: Option<bool>,
     /// The repair turn's text.
     pub repair_prompt: Option<String>,
+    /// How the reply is constrained and read: `json_schema`, `grammar` or `text`.
+    pub output: Option<crate::judge::OutputMode>,
+    /// The server behind `base_url` (`openai`, `llama.cpp`, `vllm`, `sglang`): the grammar's
+    /// dialect and the default `output`.
+    pub upstream: Option<crate::judge::UpstreamKind>,
     // cascade
     pub prm: Option<String>,
     pub judge: Option<String>,
@@ -453,6 +458,8 @@ impl EvaluatorConfig {
             cache_entries: None,
             repair: None,
             repair_prompt: None,
+            output: None,
+            upstream: None,
             prm: None,
             judge: None,
             escalate_margin: None,
@@ -462,7 +469,7 @@ impl EvaluatorConfig {
 
     /// Kind-specific keys that are set.
     fn present_keys(&self) -> Vec<&'static str> {
-        let flags: [(&'static str, bool); 28] = [
+        let flags: [(&'static str, bool); 30] = [
             ("family", self.family.is_some()),
             ("device", self.device.is_some()),
             ("dtype", self.dtype.is_some()),
@@ -487,6 +494,8 @@ impl EvaluatorConfig {
             ("cache_entries", self.cache_entries.is_some()),
             ("repair", self.repair.is_some()),
             ("repair_prompt", self.repair_prompt.is_some()),
+            ("output", self.output.is_some()),
+            ("upstream", self.upstream.is_some()),
             ("prm", self.prm.is_some()),
             ("judge", self.judge.is_some()),
             ("escalate_margin", self.escalate_margin.is_some()),
@@ -535,6 +544,8 @@ fn key_applies(kind: Kind, key: &str) -> bool {
         "cache_entries",
         "repair",
         "repair_prompt",
+        "output",
+        "upstream",
     ];
     const CASCADE: &[&str] = &["prm", "judge", "escalate_margin", "categorize"];
     match kind {

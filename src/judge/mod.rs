@@ -4,12 +4,14 @@
 mod call;
 pub mod client;
 mod evaluator;
+pub mod output;
 pub mod parse;
 pub mod policy;
 pub mod prompt;
 
 pub use call::{CallError, CallPolicy};
 pub use evaluator::JudgeEvaluator;
+pub use output::{OutputMode, UpstreamKind};
 
 use crate::config::{EvaluatorConfig, Secret};
 use crate::engine::EngineError;
@@ -113,22 +115,25 @@ pub fn load(config: &EvaluatorConfig) -> Result<JudgeEvaluator, EngineError> {
         ),
         cache_entries: config.cache_entries.unwrap_or(DEFAULT_CACHE_ENTRIES),
     };
-    let repair_prompt = match config.repair.unwrap_or(true) {
-        true => Some(
-            config
-                .repair_prompt
-                .clone()
-                .unwrap_or_else(|| parse::REPAIR_PROMPT.to_string()),
-        ),
-        false => None,
-    };
+    let kind = config.upstream.unwrap_or_default();
+    let extra_constrains = config
+        .extra_body
+        .as_ref()
+        .is_some_and(|t| output::CONSTRAINT_KEYS.iter().any(|k| t.contains_key(*k)));
+    let output = config
+        .output
+        .unwrap_or_else(|| OutputMode::default_for(kind, extra_constrains));
     Ok(JudgeEvaluator {
         name: config.name.clone(),
         params,
         samples,
         parallel: AtomicBool::new(config.parallel_samples.unwrap_or(false)),
         templates,
-        repair_prompt,
+        repair: config.repair.unwrap_or(true),
+        repair_prompt: config.repair_prompt.clone(),
+        output,
+        upstream: kind,
+        text_fallback: AtomicBool::new(false),
         caller: call::Caller::new(&config.name, upstream, policy),
     })
 }
