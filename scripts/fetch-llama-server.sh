@@ -45,6 +45,11 @@ CMAKE_FLAGS=(
   -DLLAMA_USE_PREBUILT_UI=OFF  # and no Hugging Face download of it (server runs with an empty UI)
   -DGGML_CCACHE=OFF
   -DLLAMA_BUILD_COMMIT="${LLAMA_COMMIT:0:7}"  # no git objects in the sdist; shows in system_fingerprint
+  # No AMX: a CPU can list amx_tile in /proc/cpuinfo while its VM never grants the tile state,
+  # and ggml's AMX kernels then die on their first `tilezero` (SIGILL while loading the model).
+  # Explicit -mno-* flags win over -march=native whatever their order.
+  -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 )
 
 # What the binary depends on: sources, flags and this CPU's feature flags.
