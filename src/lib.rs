@@ -29,7 +29,7 @@ mod cascade;
 pub mod config;
 pub mod engine;
 pub mod eval;
-mod judge;
+pub mod judge;
 pub mod metrics;
 pub mod prm;
 mod segment;

@@ -14,11 +14,12 @@ use tonic::Code;
 const GOOD: &str =
     "Paragraph 0 is right. Paragraph 1 claims a false fact.\n\\boxed{1}\nCategory: Hallucination";
 
-/// A server whose one evaluator is a judge named `name` on `upstream`, plus `extra` keys.
+/// A server whose one evaluator is a judge named `name` on `upstream`, plus `extra` keys. The
+/// replies here are text; the structured modes are tests/judge_output.rs's.
 async fn judge_server(name: &str, upstream: &Upstream, extra: &str) -> TestServer {
     let text = format!(
         "[[evaluator]]\nname = \"{name}\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\n\
-         breaker_cooldown_s = 1\n{extra}\n",
+         output = \"text\"\nbreaker_cooldown_s = 1\n{extra}\n",
         upstream.base_url()
     );
     start(&text).await
@@ -484,7 +485,7 @@ fn tiny_prm(name: &str) -> String {
 async fn a_cascade_escalates_categorizes_or_keeps_the_prm_verdict() {
     let up = Upstream::start(reply(GOOD)).await;
     let judge_table = format!(
-        "[[evaluator]]\nname = \"c-judge\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\nretries = 0\ncache_entries = 0\n",
+        "[[evaluator]]\nname = \"c-judge\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\noutput = \"text\"\nretries = 0\ncache_entries = 0\n",
         up.base_url()
     );
     // Margin 1 escalates every trace; margin 0 with threshold 0 (nothing is wrong) never does;

@@ -1,5 +1,6 @@
 //! Judge and cascade evaluators against a real peer: llama.cpp's llama-server running
-//! SmolLM2-135M-Instruct on 127.0.0.1 (with an API key), behind a real `retrace serve` process.
+//! SmolLM2-135M-Instruct on 127.0.0.1 (with an API key), behind a real `retrace serve` process:
+//! a user's own grammar through `extra_body`, the per-trace JSON schema and grammar, free text.
 //! scripts/test.sh builds the server and fetches the model; nothing here is skipped.
 
 mod common;
@@ -78,7 +79,7 @@ fn config(port: u16) -> String {
     };
     let grammar = format!("max_tokens = 32\nextra_body = {{ grammar = '''{GRAMMAR}''' }}");
     format!(
-        "[[evaluator]]\nname = \"smollm2\"\nkind = \"prm\"\nfamily = \"chat-lm\"\nmodel = \"{}\"\n\n{}{}{}{}\
+        "[[evaluator]]\nname = \"smollm2\"\nkind = \"prm\"\nfamily = \"chat-lm\"\nmodel = \"{}\"\n\n{}{}{}{}{}{}\
          [[evaluator]]\nname = \"cascade\"\nkind = \"cascade\"\nprm = \"smollm2\"\njudge = \"judge\"\nescalate_margin = 1.0\n",
         cache().join("smollm2").display(),
         judge("judge", &grammar),
@@ -86,7 +87,18 @@ fn config(port: u16) -> String {
             "vote",
             &format!("{grammar}\nsamples = 3\ntemperature = 0.9")
         ),
-        judge("free", "max_tokens = 96\ncache_entries = 0"),
+        judge(
+            "free",
+            "output = \"text\"\nmax_tokens = 96\ncache_entries = 0"
+        ),
+        judge(
+            "schema",
+            "upstream = \"llama.cpp\"\noutput = \"json_schema\"\nmax_tokens = 160"
+        ),
+        judge(
+            "grammar",
+            "upstream = \"llama.cpp\"\noutput = \"grammar\"\nmax_tokens = 160"
+        ),
         judge("bad-key", "api_key_env = \"RETRACE_TEST_BAD_KEY\"")
             .replace("api_key_env = \"RETRACE_TEST_JUDGE_KEY\"\n", ""),
     )
@@ -142,6 +154,8 @@ async fn judge_and_cascade_against_llama_server() {
             ("judge", "judge"),
             ("vote", "judge"),
             ("free", "judge"),
+            ("schema", "judge"),
+            ("grammar", "judge"),
             ("bad-key", "judge"),
             ("cascade", "cascade")
         ]
@@ -185,6 +199,14 @@ async fn judge_and_cascade_against_llama_server() {
         }
     }
 
+    // Constrained per trace by llama.cpp itself (a JSON schema, then a GBNF grammar): a verdict
+    // in range every time, read from the reply or, when the budget cut the review short, from a
+    // repair turn constrained to the verdict alone. Never an unreadable reply.
+    for name in ["schema", "grammar"] {
+        let r = c.evaluate(eval(name)).await.unwrap().into_inner();
+        assert!(is_consistent(&r), "{name}: {r:?}");
+    }
+
     // A wrong key: llama.cpp's 401, reported with its reason and not retried.
     let status = c.evaluate(eval("bad-key")).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
@@ -222,6 +244,8 @@ async fn judge_and_cascade_against_llama_server() {
         "the cascade's call was a cache hit"
     );
     assert_eq!(requests("vote", "ok"), Some(3.0));
+    assert_eq!(requests("schema", "ok"), Some(1.0));
+    assert_eq!(requests("grammar", "ok"), Some(1.0));
     assert_eq!(requests("bad-key", "http_4xx"), Some(1.0));
     let prompt_tokens = sample(
         &m,

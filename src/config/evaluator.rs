@@ -2,6 +2,8 @@
 //! with its defaults beside its keys. The deserialiser itself refuses an unknown key or a key of
 //! another kind; what a type can't say is checked in `rules.rs`.
 
+use crate::judge::output::CONSTRAINT_KEYS;
+use crate::judge::{OutputMode, UpstreamKind};
 use crate::prm::format::Family;
 use crate::trace::Aggregate;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -114,6 +116,14 @@ pub struct JudgeConfig {
     /// The repair turn's text; the built-in one when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair_prompt: Option<String>,
+    /// How the reply is constrained and read: `json_schema`, `grammar` or `text`; the default
+    /// follows `upstream` (see `output_mode`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputMode>,
+    /// The server behind `base_url` (`openai`, `llama.cpp`, `vllm`, `sglang`): the grammar's
+    /// dialect and the default `output`.
+    #[serde(default)]
+    pub upstream: UpstreamKind,
 }
 
 /// A PRM first, its judge where the PRM is unsure (or to name the category).
@@ -272,6 +282,19 @@ impl PrmConfig {
 }
 
 impl JudgeConfig {
+    /// Whether `extra_body` already carries a reply constraint of the user's own.
+    pub fn extra_constrains(&self) -> bool {
+        CONSTRAINT_KEYS
+            .iter()
+            .any(|k| self.extra_body.contains_key(*k))
+    }
+
+    /// The output mode in force: the table's, else the upstream's default.
+    pub fn output_mode(&self) -> OutputMode {
+        self.output
+            .unwrap_or_else(|| OutputMode::default_for(self.upstream, self.extra_constrains()))
+    }
+
     /// The temperature sent upstream: none for a reasoning model.
     pub fn temperature(&self) -> Option<f32> {
         match (self.reasoning, self.temperature) {

@@ -2,6 +2,8 @@
 
 use super::evaluator::{CascadeConfig, EvaluatorConfig, JudgeConfig, KindConfig, PrmConfig};
 use super::{MAX_CAPACITY, MAX_GRACE_S};
+use crate::judge::OutputMode;
+use crate::judge::output::CONSTRAINT_KEYS;
 
 /// Most samples one judge may vote over: each is a full judge reply.
 pub const MAX_SAMPLES: u32 = 64;
@@ -133,6 +135,30 @@ fn check_judge(e: &JudgeConfig) -> Result<(), String> {
     {
         return Err(format!(
             "extra_body must not set `{key}`: the judge sets it (use `samples` for `n`)"
+        ));
+    }
+    check_output(e)
+}
+
+/// A grammar needs an upstream that reads one, and a structured mode can't share the request
+/// with a constraint of the user's own in `extra_body`.
+fn check_output(e: &JudgeConfig) -> Result<(), String> {
+    if e.output == Some(OutputMode::Grammar) && !e.upstream.takes_grammar() {
+        return Err(format!(
+            "output = \"grammar\" needs upstream = \"llama.cpp\", \"vllm\" or \"sglang\" \
+             (upstream {:?} takes no grammar; use output = \"json_schema\")",
+            e.upstream.name()
+        ));
+    }
+    if let Some(mode) = e.output.filter(|m| *m != OutputMode::Text)
+        && let Some(key) = CONSTRAINT_KEYS
+            .iter()
+            .find(|k| e.extra_body.contains_key(**k))
+    {
+        return Err(format!(
+            "extra_body sets `{key}`, which conflicts with output = \"{}\"; remove one \
+             (leave output out, or set it to \"text\", to keep your own constraint)",
+            mode.name()
         ));
     }
     Ok(())

@@ -1,10 +1,12 @@
 //! The `judge` evaluator: renders a trace into the prompt, collects samples (`n` in one request,
-//! or parallel requests where the server ignores `n`), repairs unreadable replies once, votes,
+//! or parallel requests where the server ignores `n`) in the judge's output mode (falling back to
+//! text once if the upstream refuses the constraint), repairs unreadable replies once, votes,
 //! and turns the vote into a judgement.
 
 use super::JudgeError;
 use super::call::{Caller, Fetched};
 use super::client::{ChatParams, Choice, Turn, request_body};
+use super::output::{self, OutputMode, UpstreamKind};
 use super::parse::{self, ParseError, Parsed, Vote};
 use super::prompt::Templates;
 use crate::engine::{Description, EngineError, Evaluator, Job};
@@ -24,16 +26,31 @@ pub struct JudgeEvaluator {
     /// Set by config, or once the server answered fewer choices than `n` asked for.
     pub(super) parallel: AtomicBool,
     pub(super) templates: Templates,
-    /// The repair turn's text; `None` turns repairs off.
+    pub(super) repair: bool,
+    /// The configured repair text; `None` is the built-in one for the mode.
     pub(super) repair_prompt: Option<String>,
+    pub(super) output: OutputMode,
+    pub(super) upstream: UpstreamKind,
+    /// Set once the upstream refused the output constraint: text mode from then on.
+    pub(super) text_fallback: AtomicBool,
     pub(super) caller: Caller,
 }
 
-/// One sample: the reply, what it says, and whether the cache answered it.
+/// One sample: the reply, what it says, the rationale to show, and whether the cache answered.
 struct Sample {
     choice: Choice,
     parsed: Result<Parsed, ParseError>,
+    /// The JSON reply's analysis, or the whole text reply.
+    rationale: String,
     cached: bool,
+}
+
+/// What a request asks for: the mode, the trace's size, and which turn.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    mode: OutputMode,
+    n_steps: usize,
+    turn: output::Turn,
 }
 
 impl Evaluator for JudgeEvaluator {
@@ -66,18 +83,28 @@ impl JudgeEvaluator {
     /// The judge's verdict on `job`'s trace.
     pub async fn judge(&self, job: &Job) -> Result<Judgement, JudgeError> {
         let n_steps = job.trace.steps.len();
-        let prompt = self.templates.render(&job.trace)?;
-        let mut samples = self.sample(&prompt, n_steps, job.deadline).await?;
-        if let Some(repair) = &self.repair_prompt {
+        let (mode, prompt, mut samples) = loop {
+            let mode = self.mode();
+            let prompt = self
+                .templates
+                .render(&job.trace, &output::answer_format(mode, n_steps))?;
+            match self.sample(&prompt, mode, n_steps, job.deadline).await {
+                Ok(samples) => break (mode, prompt, samples),
+                // An upstream that refuses the constraint is asked again in text mode, and so is
+                // every later request: the same fallback as for `n`, once per judge.
+                Err(e) if mode != OutputMode::Text && refuses_constraint(&e) => {
+                    self.text_fallback.store(true, Ordering::Relaxed);
+                    tracing::warn!(judge = %self.name, mode = mode.name(), error = %e,
+                        "upstream refuses the output constraint; judging in text mode from now on");
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if self.repair {
             let repairs = samples
                 .iter_mut()
-                .filter(|s| {
-                    matches!(
-                        s.parsed,
-                        Err(ParseError::NoAnswer | ParseError::Unreadable(_))
-                    )
-                })
-                .map(|s| self.repair(s, &prompt, repair, n_steps, job.deadline));
+                .filter(|s| s.parsed.as_ref().is_err_and(|e| *e != ParseError::Empty))
+                .map(|s| self.repair(s, &prompt, mode, n_steps, job.deadline));
             futures::future::join_all(repairs).await;
         }
         // Failed exchanges were counted as they happened; a fresh reply counts once read.
@@ -106,15 +133,25 @@ impl JudgeEvaluator {
                     .as_ref()
                     .is_ok_and(|p| p.first_error == vote.first_error)
             })
-            .map(|s| s.choice.content.trim().to_string())
+            .map(|s| s.rationale.trim().to_string())
             .filter(|r| !r.is_empty());
         Ok(judgement(&parsed, vote, n_steps, rationale))
+    }
+
+    /// The mode requests are sent in now: the configured one, or text after a refusal.
+    fn mode(&self) -> OutputMode {
+        if self.text_fallback.load(Ordering::Relaxed) {
+            OutputMode::Text
+        } else {
+            self.output
+        }
     }
 
     /// Collects `samples` replies: `n` in one request unless the server is known to ignore it.
     async fn sample(
         &self,
         prompt: &str,
+        mode: OutputMode,
         n_steps: usize,
         deadline: Option<Instant>,
     ) -> Result<Vec<Sample>, JudgeError> {
@@ -122,9 +159,14 @@ impl JudgeEvaluator {
             role: "user",
             content: prompt.to_string(),
         }];
+        let shape = Shape {
+            mode,
+            n_steps,
+            turn: output::Turn::Reply,
+        };
         let mut choices: Vec<(Choice, bool)> = Vec::new();
         if self.samples > 1 && !self.parallel.load(Ordering::Relaxed) {
-            match self.send(&turns, self.samples, deadline).await {
+            match self.send(&turns, self.samples, shape, deadline).await {
                 Ok(got) => {
                     let first = got.reply.choices.iter().take(self.samples as usize);
                     choices.extend(first.map(|c| (c.clone(), got.cached)));
@@ -145,30 +187,30 @@ impl JudgeEvaluator {
             }
         }
         let missing = self.samples as usize - choices.len();
-        let more = try_join_all((0..missing).map(|_| self.send(&turns, 1, deadline))).await?;
+        let more =
+            try_join_all((0..missing).map(|_| self.send(&turns, 1, shape, deadline))).await?;
         for got in more {
             choices.extend(got.reply.choices.first().map(|c| (c.clone(), got.cached)));
         }
         Ok(choices
             .into_iter()
-            .map(|(choice, cached)| Sample {
-                parsed: parse_choice(&choice, n_steps),
-                choice,
-                cached,
-            })
+            .map(|(choice, cached)| Sample::read(choice, shape, cached))
             .collect())
     }
 
-    /// One short follow-up turn asking only for the two final lines; best effort, so a failed
-    /// repair leaves the sample's parse error as it was.
+    /// One short follow-up turn asking only for the verdict (constrained to the verdict alone
+    /// in a structured mode), naming the paragraphs' range; best effort, so a failed repair
+    /// leaves the sample's parse error as it was.
     async fn repair(
         &self,
         sample: &mut Sample,
         prompt: &str,
-        repair: &str,
+        mode: OutputMode,
         n_steps: usize,
         deadline: Option<Instant>,
     ) {
+        let Err(error) = &sample.parsed else { return };
+        let text = output::repair_prompt(mode, self.repair_prompt.as_deref(), error, n_steps);
         let turns = [
             Turn {
                 role: "user",
@@ -180,14 +222,20 @@ impl JudgeEvaluator {
             },
             Turn {
                 role: "user",
-                content: repair.to_string(),
+                content: text,
             },
         ];
         let mut params = self.params.clone();
         if !params.reasoning {
             params.max_tokens = params.max_tokens.min(REPAIR_MAX_TOKENS);
         }
-        let body = request_body(&params, &turns, 1);
+        let shape = Shape {
+            mode,
+            n_steps,
+            turn: output::Turn::Repair,
+        };
+        let mut body = request_body(&params, &turns, 1);
+        output::constrain(&mut body, mode, self.upstream, n_steps, shape.turn);
         let reply = match self.caller.call(&body, self.cacheable(), deadline).await {
             Ok(got) => {
                 self.count_tokens(&got);
@@ -199,7 +247,7 @@ impl JudgeEvaluator {
                 return;
             }
         };
-        let repaired = reply.choices.first().map(|c| parse_choice(c, n_steps));
+        let repaired = reply.choices.first().map(|c| parse_choice(c, shape).0);
         metrics::record_judge_repair(&self.name, repaired.as_ref().is_some_and(|p| p.is_ok()));
         if let Some(Ok(parsed)) = repaired {
             sample.parsed = Ok(parsed);
@@ -210,9 +258,17 @@ impl JudgeEvaluator {
         &self,
         turns: &[Turn],
         n: u32,
+        shape: Shape,
         deadline: Option<Instant>,
     ) -> Result<Fetched, JudgeError> {
-        let body = request_body(&self.params, turns, n);
+        let mut body = request_body(&self.params, turns, n);
+        output::constrain(
+            &mut body,
+            shape.mode,
+            self.upstream,
+            shape.n_steps,
+            shape.turn,
+        );
         let got = self.caller.call(&body, self.cacheable(), deadline).await?;
         self.count_tokens(&got);
         Ok(got)
@@ -232,6 +288,29 @@ impl JudgeEvaluator {
     }
 }
 
+impl Sample {
+    fn read(choice: Choice, shape: Shape, cached: bool) -> Sample {
+        let (parsed, analysis) = parse_choice(&choice, shape);
+        Sample {
+            rationale: analysis.unwrap_or_else(|| choice.content.clone()),
+            parsed,
+            choice,
+            cached,
+        }
+    }
+}
+
+/// A 4xx whose reason names the constraint's field.
+fn refuses_constraint(e: &JudgeError) -> bool {
+    match e {
+        JudgeError::Call(super::CallError::Upstream {
+            error: super::client::AttemptError::Status { code, reason, .. },
+            ..
+        }) => output::refuses_constraint(*code, reason),
+        _ => false,
+    }
+}
+
 /// A 400 whose reason names the `n` field.
 fn refuses_n(e: &JudgeError) -> bool {
     match e {
@@ -246,15 +325,22 @@ fn refuses_n(e: &JudgeError) -> bool {
     }
 }
 
-/// A choice's verdict: from its content, or from the reasoning text when the content is empty
-/// (a reasoning model that spent its whole budget thinking may still have boxed an answer).
-fn parse_choice(choice: &Choice, n_steps: usize) -> Result<Parsed, ParseError> {
-    match (
-        &choice.reasoning,
-        parse::parse_reply(&choice.content, n_steps),
-    ) {
-        (Some(reasoning), Err(ParseError::Empty)) => parse::parse_reply(reasoning, n_steps),
-        (_, parsed) => parsed,
+/// A choice's verdict, and the JSON reply's analysis: from its content, or from the reasoning
+/// text when the content is empty (a reasoning model that spent its whole budget thinking may
+/// still have boxed an answer). Grammar replies are text in the `\boxed{}` shape.
+fn parse_choice(choice: &Choice, shape: Shape) -> (Result<Parsed, ParseError>, Option<String>) {
+    let read = |text: &str| match shape.mode {
+        OutputMode::JsonSchema => {
+            match parse::parse_json_reply(text, shape.n_steps, shape.turn == output::Turn::Reply) {
+                Ok((parsed, analysis)) => (Ok(parsed), analysis),
+                Err(e) => (Err(e), None),
+            }
+        }
+        OutputMode::Grammar | OutputMode::Text => (parse::parse_reply(text, shape.n_steps), None),
+    };
+    match (&choice.reasoning, read(&choice.content)) {
+        (Some(reasoning), (Err(ParseError::Empty), _)) => read(reasoning),
+        (_, got) => got,
     }
 }
 

@@ -2,14 +2,16 @@
 //! the reliable HTTP call, and the `judge` evaluator built from its config table.
 
 mod call;
-pub mod client;
+pub(crate) mod client;
 mod evaluator;
+pub mod output;
 pub mod parse;
-pub mod policy;
-pub mod prompt;
+pub(crate) mod policy;
+pub(crate) mod prompt;
 
 pub use call::{CallError, CallPolicy};
 pub use evaluator::JudgeEvaluator;
+pub use output::{OutputMode, UpstreamKind};
 
 use crate::config::{EvaluatorConfig, JudgeConfig, Secret, env};
 use crate::engine::EngineError;
@@ -88,19 +90,17 @@ pub fn load(common: &EvaluatorConfig, config: &JudgeConfig) -> Result<JudgeEvalu
         breaker_cooldown: Duration::from_secs_f64(config.breaker_cooldown_s),
         cache_entries: config.cache_entries,
     };
-    let repair_prompt = config.repair.then(|| {
-        config
-            .repair_prompt
-            .clone()
-            .unwrap_or_else(|| parse::REPAIR_PROMPT.to_string())
-    });
     Ok(JudgeEvaluator {
         name: common.name.clone(),
         params,
         samples: config.samples,
         parallel: AtomicBool::new(config.parallel_samples),
         templates,
-        repair_prompt,
+        repair: config.repair,
+        repair_prompt: config.repair_prompt.clone(),
+        output: config.output_mode(),
+        upstream: config.upstream,
+        text_fallback: AtomicBool::new(false),
         caller: call::Caller::new(&common.name, upstream, policy),
     })
 }

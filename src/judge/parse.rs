@@ -13,8 +13,7 @@ pub struct Parsed {
     pub category: ErrorCategory,
 }
 
-/// Why a reply carries no verdict. `NoAnswer` and `Unreadable` are worth one repair turn
-/// (`REPAIR_PROMPT`); the others are not.
+/// Why a reply carries no verdict. All but `Empty` are worth one repair turn.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParseError {
     #[error("the reply is empty")]
@@ -25,6 +24,13 @@ pub enum ParseError {
     Unreadable(String),
     #[error("paragraph {index} is out of range for {n_steps} steps")]
     OutOfRange { index: i64, n_steps: usize },
+    /// A structured reply that is not one JSON object (cut off, or the constraint was ignored).
+    #[error("the reply is not a JSON object: {0}")]
+    NotJson(String),
+    /// A JSON object, but not the schema's: a missing or extra key, a wrong type, an unknown
+    /// category. Read no further, since any reading of it would be a guess.
+    #[error("the reply's JSON is not in the schema: {0}")]
+    OutOfSchema(String),
 }
 
 /// The samples' majority verdict.
@@ -64,6 +70,83 @@ pub fn parse_reply(reply: &str, n_steps: usize) -> Result<Parsed, ParseError> {
     };
     let category = category_line(&text[answer_end..]).or_else(|| category_line(&text));
     verdict(index, n_steps, category)
+}
+
+/// Reads a reply written to `output::schema` (with `analysis` when `with_analysis`, as a first
+/// reply is; a repair reply has only the verdict): exactly that object, with nothing but
+/// whitespace, a `<think>` block or one Markdown code fence around it. Returns the verdict and
+/// the analysis.
+pub fn parse_json_reply(
+    reply: &str,
+    n_steps: usize,
+    with_analysis: bool,
+) -> Result<(Parsed, Option<String>), ParseError> {
+    use super::output::{ANALYSIS, CATEGORY_NAMES, EARLIEST_ERROR, ERROR_CATEGORY};
+    if reply.trim().is_empty() {
+        return Err(ParseError::Empty);
+    }
+    let text = strip_think(reply);
+    let text = unfence(text.trim());
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| ParseError::NotJson(e.to_string()))?;
+    let serde_json::Value::Object(object) = value else {
+        return Err(ParseError::NotJson(format!(
+            "{} is not an object",
+            kind_of(&value)
+        )));
+    };
+    let schema_err = |m: String| Err(ParseError::OutOfSchema(m));
+    let mut expected = vec![EARLIEST_ERROR, ERROR_CATEGORY];
+    if with_analysis {
+        expected.insert(0, ANALYSIS);
+    }
+    if let Some(extra) = object.keys().find(|k| !expected.contains(&k.as_str())) {
+        return schema_err(format!("unexpected key {extra:?}"));
+    }
+    if let Some(missing) = expected.iter().find(|k| !object.contains_key(**k)) {
+        return schema_err(format!("missing key {missing:?}"));
+    }
+    let analysis = match object.get(ANALYSIS) {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(other) => return schema_err(format!("{ANALYSIS} is {}", kind_of(other))),
+        None => None,
+    };
+    let index = match &object[EARLIEST_ERROR] {
+        serde_json::Value::Number(n) if n.as_i64().is_some() => n.as_i64().unwrap_or_default(),
+        other => return schema_err(format!("{EARLIEST_ERROR} is {}", kind_of(other))),
+    };
+    let category = match &object[ERROR_CATEGORY] {
+        serde_json::Value::String(s) if CATEGORY_NAMES.contains(&s.as_str()) => s.as_str(),
+        other => return schema_err(format!("{ERROR_CATEGORY} is {other}, not a category name")),
+    };
+    let category = match category {
+        "Misinterpretation" => ErrorCategory::Misinterpretation,
+        "Hallucination" => ErrorCategory::Hallucination,
+        "Reasoning" => ErrorCategory::Reasoning,
+        _ => ErrorCategory::None,
+    };
+    Ok((verdict(index, n_steps, Some(category))?, analysis))
+}
+
+/// The inside of one Markdown code fence (```json ... ```), or the text as it is.
+fn unfence(text: &str) -> &str {
+    let Some(inner) = text.strip_prefix("```").and_then(|t| t.strip_suffix("```")) else {
+        return text;
+    };
+    let inner = inner.strip_prefix("json").unwrap_or(inner);
+    inner.trim()
+}
+
+fn kind_of(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(n) if n.is_f64() => "a fractional number",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
 }
 
 /// The winner among samples: each already an integer index, so "2" and " 2" never split a vote.

@@ -390,3 +390,112 @@ fn the_repair_reply_parses() {
     let reply = "\\boxed{1}\nCategory: Reasoning";
     assert_eq!(parse_reply(reply, 2), ok(Some(1), R));
 }
+
+#[test]
+fn parse_json_reply_table() {
+    let oos = |m: &str| Err(ParseError::OutOfSchema(m.to_string()));
+    let cases: Vec<(&str, &str, Result<Parsed, ParseError>)> = vec![
+        (
+            "in the schema",
+            r#"{"analysis": "Paragraph 1 adds wrongly.", "earliest_error": 1, "error_category": "Reasoning"}"#,
+            ok(Some(1), R),
+        ),
+        (
+            "no error",
+            r#"{"analysis": "All fine.", "earliest_error": -1, "error_category": "None"}"#,
+            ok(None, N),
+        ),
+        (
+            "-1 overrides a named category",
+            r#"{"analysis": "", "earliest_error": -1, "error_category": "Hallucination"}"#,
+            ok(None, N),
+        ),
+        (
+            "None beside an index says nothing about the kind",
+            r#"{"analysis": "x", "earliest_error": 0, "error_category": "None"}"#,
+            ok(Some(0), U),
+        ),
+        (
+            "a code fence and a think block around it",
+            "<think>hmm</think>\n```json\n{\"analysis\": \"a\", \"earliest_error\": 2, \"error_category\": \"Misinterpretation\"}\n```",
+            ok(Some(2), M),
+        ),
+        (
+            "the index as a string",
+            r#"{"analysis": "a", "earliest_error": "2", "error_category": "Reasoning"}"#,
+            oos("earliest_error is a string"),
+        ),
+        (
+            "a fractional index",
+            r#"{"analysis": "a", "earliest_error": 1.5, "error_category": "Reasoning"}"#,
+            oos("earliest_error is a fractional number"),
+        ),
+        (
+            "an unknown category",
+            r#"{"analysis": "a", "earliest_error": 1, "error_category": "arithmetic"}"#,
+            oos("error_category is \"arithmetic\", not a category name"),
+        ),
+        (
+            "lower-case category",
+            r#"{"analysis": "a", "earliest_error": 1, "error_category": "reasoning"}"#,
+            oos("error_category is \"reasoning\", not a category name"),
+        ),
+        (
+            "an extra key",
+            r#"{"analysis": "a", "earliest_error": 1, "error_category": "Reasoning", "confidence": 0.9}"#,
+            oos("unexpected key \"confidence\""),
+        ),
+        (
+            "no analysis",
+            r#"{"earliest_error": 1, "error_category": "Reasoning"}"#,
+            oos("missing key \"analysis\""),
+        ),
+        (
+            "the problem's answer as the index",
+            r#"{"analysis": "a", "earliest_error": 21, "error_category": "Reasoning"}"#,
+            Err(ParseError::OutOfRange {
+                index: 21,
+                n_steps: 5,
+            }),
+        ),
+        ("empty", "  ", Err(ParseError::Empty)),
+    ];
+    for (name, reply, want) in cases {
+        let got = parse_json_reply(reply, 5, true).map(|(p, _)| p);
+        assert_eq!(got, want, "{name}");
+    }
+    // Cut off mid-string, text with a box, an array: none is a JSON object.
+    for reply in [
+        r#"{"analysis": "Paragraph 0 is"#,
+        "\\boxed{1}\nCategory: Reasoning",
+        "[1, \"Reasoning\"]",
+        "Here it is: {\"analysis\": \"a\", \"earliest_error\": 1, \"error_category\": \"Reasoning\"}",
+    ] {
+        assert!(
+            matches!(
+                parse_json_reply(reply, 5, true),
+                Err(ParseError::NotJson(_))
+            ),
+            "{reply}"
+        );
+    }
+    // A repair reply carries the verdict alone; the analysis key is then out of the schema.
+    let repair = r#"{"earliest_error": 0, "error_category": "Hallucination"}"#;
+    assert_eq!(
+        parse_json_reply(repair, 2, false),
+        Ok((
+            Parsed {
+                first_error: Some(0),
+                category: H
+            },
+            None
+        ))
+    );
+    let (_, analysis) = parse_json_reply(
+        r#"{"analysis": "Step 1 is off.", "earliest_error": 1, "error_category": "Reasoning"}"#,
+        2,
+        true,
+    )
+    .unwrap();
+    assert_eq!(analysis.as_deref(), Some("Step 1 is off."));
+}

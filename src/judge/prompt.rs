@@ -1,7 +1,9 @@
 //! Judge prompt templates: the four built-in wordings under `prompts/judge/`, overrides read from
 //! files, and the pure rendering of a trace into one user message.
 //!
-//! Placeholders are `{question}`, `{options}`, `{reference_answer}` and `{tagged_steps}`; any
+//! Placeholders are `{question}`, `{options}`, `{reference_answer}` and `{tagged_steps}`, and the
+//! optional `{answer_format}`: the reply format of the judge's output mode (`output::answer_format`),
+//! which the built-ins end with. A template without it keeps its own wording in every mode. Any
 //! other brace text (`\boxed{<index>}`) is left as written, so templates need no escaping.
 
 use crate::trace::Trace;
@@ -70,7 +72,15 @@ pub enum PromptError {
     },
 }
 
-const PLACEHOLDERS: [&str; 4] = ["question", "options", "reference_answer", "tagged_steps"];
+const PLACEHOLDERS: [&str; 5] = [
+    "question",
+    "options",
+    "reference_answer",
+    "tagged_steps",
+    ANSWER_FORMAT,
+];
+/// The one placeholder any template may use or leave out.
+const ANSWER_FORMAT: &str = "answer_format";
 
 const MATH_FREE: &str = include_str!("../../prompts/judge/math-reference-free.txt");
 const MATH_BASED: &str = include_str!("../../prompts/judge/math-reference-based.txt");
@@ -170,7 +180,10 @@ impl Template {
                 placeholder: missing,
             });
         }
-        if let Some(extra) = used.iter().find(|p| !allowed.contains(p)) {
+        if let Some(extra) = used
+            .iter()
+            .find(|p| !allowed.contains(p) && **p != ANSWER_FORMAT)
+        {
             return Err(PromptError::UnexpectedPlaceholder {
                 path: path.to_path_buf(),
                 kind,
@@ -197,9 +210,10 @@ impl Template {
         &self.text
     }
 
-    /// The user message for `trace`. One pass over the template, so text in the trace that
-    /// looks like a placeholder (`{options}` in a question) is never expanded.
-    pub fn render(&self, trace: &Trace) -> Result<String, PromptError> {
+    /// The user message for `trace`, with `answer_format` for `{answer_format}`. One pass over
+    /// the template, so text in the trace that looks like a placeholder (`{options}` in a
+    /// question) is never expanded.
+    pub fn render(&self, trace: &Trace, answer_format: &str) -> Result<String, PromptError> {
         let missing = |what| PromptError::MissingInput {
             kind: self.kind,
             what,
@@ -210,6 +224,7 @@ impl Template {
             out.push_str(before);
             match name {
                 "question" => out.push_str(&trace.question),
+                ANSWER_FORMAT => out.push_str(answer_format),
                 "options" if trace.options.is_empty() => return Err(missing("options")),
                 "options" => out.push_str(&options_text(&trace.options)),
                 "reference_answer" => match &trace.reference_answer {
@@ -243,8 +258,9 @@ impl Templates {
     }
 
     /// Renders `trace` with the template its shape calls for.
-    pub fn render(&self, trace: &Trace) -> Result<String, PromptError> {
-        self.get(TemplateKind::for_trace(trace)).render(trace)
+    pub fn render(&self, trace: &Trace, answer_format: &str) -> Result<String, PromptError> {
+        self.get(TemplateKind::for_trace(trace))
+            .render(trace, answer_format)
     }
 }
 

@@ -25,6 +25,13 @@ fn builtins_are_valid_and_ask_for_the_contract() {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(t, Template::builtin(kind));
         assert!(!t.text().ends_with('\n'), "{kind}");
+        // The reply format is the output mode's, placed last.
+        assert!(t.text().ends_with("\n\n{answer_format}"), "{kind}");
+        let text = t.render(
+            &trace(&["a", "b"], Some("B")),
+            &crate::judge::output::answer_format(crate::judge::output::OutputMode::Text, 2),
+        );
+        let text = text.unwrap();
         for needle in [
             "\\boxed{",
             "-1",
@@ -32,7 +39,7 @@ fn builtins_are_valid_and_ask_for_the_contract() {
             "Misinterpretation",
             "Hallucination",
         ] {
-            assert!(t.text().contains(needle), "{kind} lacks {needle}");
+            assert!(text.contains(needle), "{kind} lacks {needle}");
         }
         // The priority order is part of the contract: Misinterpretation before
         // Hallucination before Reasoning.
@@ -92,7 +99,7 @@ fn renders_each_kind_from_the_trace() {
     for (options, reference, kind, present, absent) in cases {
         let t = trace(options, reference);
         assert_eq!(TemplateKind::for_trace(&t).name(), kind);
-        let prompt = templates.render(&t).unwrap();
+        let prompt = templates.render(&t, "FORMAT").unwrap();
         assert!(prompt.contains(steps), "{kind}: {prompt}");
         // The question's literal "{options}" stays as the caller wrote it.
         assert!(prompt.contains("keep a {options} jar?"), "{kind}");
@@ -103,7 +110,34 @@ fn renders_each_kind_from_the_trace() {
             assert!(!prompt.contains(a), "{kind} has {a:?}");
         }
         assert!(!prompt.contains("{tagged_steps}") && !prompt.contains("{question}"));
+        assert!(
+            prompt.ends_with("\n\nFORMAT"),
+            "{kind}: the answer format comes last"
+        );
     }
+}
+
+/// Text mode's answer format is the wording the built-ins carried before output modes existed,
+/// so a text judge's prompt is unchanged; the structured modes name the paragraphs' range.
+#[test]
+fn answer_formats_keep_review_first_and_name_the_range() {
+    use crate::judge::output::{OutputMode, answer_format};
+    let text = answer_format(OutputMode::Text, 5);
+    assert!(text.starts_with("Write your review first. Then finish with exactly these two lines"));
+    assert!(text.contains("\n\\boxed{<index>}\nCategory: <category>\nHere <index> is the number"));
+    assert!(!text.contains("0 to 4"), "{text}");
+    for mode in [OutputMode::Grammar, OutputMode::JsonSchema] {
+        let f = answer_format(mode, 5);
+        assert!(f.contains("(numbered 0 to 4)"), "{f}");
+        assert!(f.contains("review first"), "{f}");
+    }
+    let json = answer_format(OutputMode::JsonSchema, 3);
+    let (a, e, c) = (
+        json.find("\"analysis\"").unwrap(),
+        json.find("\"earliest_error\"").unwrap(),
+        json.find("\"error_category\"").unwrap(),
+    );
+    assert!(a < e && e < c, "{json}");
 }
 
 #[test]
@@ -162,7 +196,7 @@ fn load_reads_a_file_and_names_it_when_unreadable() {
     let t = Template::load(kind, &path).unwrap();
     let mut templates = Templates::builtin();
     templates.set(t);
-    let prompt = templates.render(&trace(&[], None)).unwrap();
+    let prompt = templates.render(&trace(&[], None), "FORMAT").unwrap();
     assert!(prompt.starts_with("Problem: Where would") && prompt.ends_with("</paragraph_1>"));
 
     let gone = dir.join("absent.txt");
@@ -175,11 +209,11 @@ fn load_reads_a_file_and_names_it_when_unreadable() {
 fn a_template_without_its_input_refuses_to_render() {
     let kind = TemplateKind::new(Domain::MultipleChoice, Mode::ReferenceBased);
     let err = Template::builtin(kind)
-        .render(&trace(&["a"], None))
+        .render(&trace(&["a"], None), "")
         .unwrap_err();
     assert!(err.to_string().contains("reference answer"), "{err}");
     let err = Template::builtin(kind)
-        .render(&trace(&[], Some("B")))
+        .render(&trace(&[], Some("B")), "")
         .unwrap_err();
     assert!(err.to_string().contains("options"), "{err}");
 }

