@@ -241,7 +241,7 @@ async fn config_refuses_a_grammar_without_a_grammar_upstream_and_conflicting_con
         )
         .unwrap_err()
         .to_string()
-        .contains("key `output` does not apply to kind `prm`")
+        .contains("unknown field `output`")
     );
     // A user's own grammar in extra_body keeps the judge in text mode, with no schema added.
     let s = start(&judge_table(
