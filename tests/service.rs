@@ -159,6 +159,35 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
     s.stop().await.unwrap();
 }
 
+/// An error message echoes little of the input: a 100 KB evaluator name once came back whole,
+/// past the transport's header limit, and the caller saw RESOURCE_EXHAUSTED ("metadata size
+/// exceeds limit") instead of INVALID_ARGUMENT naming the field.
+#[tokio::test]
+async fn a_huge_unknown_name_gets_invalid_argument_with_a_short_message() {
+    let (s, _) = quick_server(&[("a", "")], "").await;
+    let mut c = s.client().await;
+    let name = "n".repeat(100_000);
+    let status = c
+        .evaluate(request("r", &name, steps_trace("q", &["s"])))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("evaluator: unknown evaluator \"nnn"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        status.message().contains("(100000 bytes)"),
+        "{}",
+        status.message()
+    );
+    assert!(status.message().len() < 400, "{}", status.message().len());
+    s.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn rank_orders_by_trace_score_and_list_describes() {
     let (s, _) = quick_server(

@@ -3,6 +3,11 @@
 use crate::engine::EngineError;
 use tonic::{Code, Status};
 
+/// Most bytes of an error message a status carries: a message echoes the caller's input (an
+/// evaluator name, a field), and one past the transport's header limit would replace the status
+/// with the transport's own "metadata size exceeds limit".
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
 /// Maps an engine error to its gRPC status: validation -> INVALID_ARGUMENT, overload ->
 /// RESOURCE_EXHAUSTED, not ready or upstream down -> UNAVAILABLE, deadline -> DEADLINE_EXCEEDED,
 /// caller gone -> CANCELLED, anything else -> INTERNAL.
@@ -15,7 +20,22 @@ pub fn to_status(error: &EngineError) -> Status {
         EngineError::Cancelled => Code::Cancelled,
         EngineError::Internal(_) => Code::Internal,
     };
-    Status::new(code, error.to_string())
+    Status::new(code, capped(error.to_string()))
+}
+
+/// `message` cut to `MAX_MESSAGE_BYTES` at a character boundary, saying how much was cut.
+pub fn capped(mut message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let total = message.len();
+    let mut end = MAX_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    message.push_str(&format!("… ({} more bytes cut)", total - end));
+    message
 }
 
 /// The `outcome` label for a request's result: a bounded set of snake_case code names.
@@ -67,6 +87,10 @@ mod tests {
             to_status(&EngineError::invalid("trace.steps[2]", "is empty")).message(),
             "trace.steps[2]: is empty"
         );
+        let long = EngineError::invalid("evaluator", "é".repeat(4000));
+        let message = to_status(&long).message().to_string();
+        assert!(message.len() < MAX_MESSAGE_BYTES + 64, "{}", message.len());
+        assert!(message.ends_with("more bytes cut)"), "{message}");
         assert_eq!(outcome(Code::Ok), "ok");
         assert_eq!(outcome(Code::DataLoss), "internal");
     }

@@ -183,7 +183,8 @@ impl Engine {
             None => Err(EngineError::invalid(
                 "evaluator",
                 format!(
-                    "unknown evaluator {name:?}; this server hosts {}",
+                    "unknown evaluator {}; this server hosts {}",
+                    echo(name),
                     self.order.join(", ")
                 ),
             )),
@@ -383,6 +384,15 @@ impl Evaluator for Gated {
             judgement.queued += queue;
             Ok(judgement)
         })
+    }
+}
+
+/// A caller's name, quoted and cut short: a message echoes no more of the input than it needs.
+fn echo(name: &str) -> String {
+    const MAX_CHARS: usize = 64;
+    match name.char_indices().nth(MAX_CHARS) {
+        Some((end, _)) => format!("{:?}… ({} bytes)", &name[..end], name.len()),
+        None => format!("{name:?}"),
     }
 }
 
