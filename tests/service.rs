@@ -188,6 +188,40 @@ async fn a_huge_unknown_name_gets_invalid_argument_with_a_short_message() {
     s.stop().await.unwrap();
 }
 
+/// A Rank's candidates each carry its id, so a long id would multiply the response: ids are
+/// capped at the edge (a 1 MB id with 100 candidates once answered with 101 MB).
+#[tokio::test]
+async fn a_long_id_is_refused_before_it_is_copied_into_every_candidate() {
+    let (s, _) = quick_server(&[("a", "")], "").await;
+    let mut c = s.client().await;
+    let rank = |id: String| pb::RankRequest {
+        id,
+        question: "q".into(),
+        candidates: vec![steps_trace("", &["fine"]); 8],
+        ..Default::default()
+    };
+    let status = c.rank(rank("i".repeat(257))).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().starts_with("id: is 257 bytes"),
+        "{}",
+        status.message()
+    );
+    let status = c
+        .evaluate(request(&"i".repeat(300), "", steps_trace("q", &["s"])))
+        .await
+        .unwrap_err();
+    assert!(status.message().starts_with("id: "), "{}", status.message());
+    let ok = c.rank(rank("i".repeat(256))).await.unwrap().into_inner();
+    let ids: Vec<String> = ok
+        .ranked
+        .iter()
+        .map(|r| r.verdict.clone().unwrap().id)
+        .collect();
+    assert!(ids.iter().all(|id| id.len() <= 256 + 3), "{ids:?}");
+    s.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn rank_orders_by_trace_score_and_list_describes() {
     let (s, _) = quick_server(

@@ -85,6 +85,21 @@ pub fn parse_with_question(
     })
 }
 
+/// Longest caller id: a Rank's candidates each carry it in their verdict, so a longer one would
+/// multiply the response by the candidate count.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Checks a caller's `id`.
+pub fn parse_id(id: String) -> Result<String, EngineError> {
+    match id.len() {
+        n if n > MAX_ID_BYTES => Err(EngineError::invalid(
+            "id",
+            format!("is {n} bytes; at most {MAX_ID_BYTES}"),
+        )),
+        _ => Ok(id),
+    }
+}
+
 /// Checks an optional threshold override.
 pub fn parse_threshold(t: Option<f32>, field: &str) -> Result<Option<f32>, EngineError> {
     match t {

@@ -65,6 +65,7 @@ async fn evaluate_one(
     deadline: Option<Instant>,
     arrived: Instant,
 ) -> Result<pb::EvaluateResponse, EngineError> {
+    let id = convert::parse_id(req.id)?;
     let trace = req
         .trace
         .ok_or_else(|| EngineError::invalid("trace", "is required"))?;
@@ -79,7 +80,7 @@ async fn evaluate_one(
             arrived,
         })
         .await?;
-    Ok(convert::response(req.id, &trace, verdict))
+    Ok(convert::response(id, &trace, verdict))
 }
 
 /// The caller's deadline, brought forward a little so that our DEADLINE_EXCEEDED (which says
@@ -260,6 +261,7 @@ async fn rank(
     deadline: Option<Instant>,
     arrived: Instant,
 ) -> Result<pb::RankResponse, EngineError> {
+    let id = convert::parse_id(req.id)?;
     if req.question.trim().is_empty() {
         return Err(EngineError::invalid("question", "is required"));
     }
@@ -310,7 +312,7 @@ async fn rank(
         .enumerate()
         .map(|(i, (v, t))| pb::RankedCandidate {
             index: i as u32,
-            verdict: Some(convert::response(format!("{}#{i}", req.id), t, v)),
+            verdict: Some(convert::response(format!("{id}#{i}"), t, v)),
         })
         .collect();
     // Stable sort: equal scores keep request order.
@@ -321,7 +323,7 @@ async fn rank(
     };
     ranked.sort_by(|a, b| score(b).total_cmp(&score(a)));
     Ok(pb::RankResponse {
-        id: req.id,
+        id,
         evaluator,
         ranked,
     })
