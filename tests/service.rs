@@ -342,6 +342,52 @@ async fn stream_answers_many_in_flight_by_id() {
     s.stop().await.unwrap();
 }
 
+/// A request stream that breaks (one item over the message size limit) still gets an answer for
+/// every item it sent before, those in flight included, and then an error status, not OK.
+#[tokio::test]
+async fn a_broken_request_stream_answers_what_it_accepted_then_fails() {
+    let counters = Arc::new(Counters::default());
+    let loader = fake_loader(Duration::from_millis(300), counters.clone(), None);
+    let s = TestServer::start(config("", &[("a", "")]), loader).await;
+    s.ready().await;
+    let mut c = s.client().await;
+    let mut reqs: Vec<pb::EvaluateRequest> = (0..3)
+        .map(|i| request(&format!("id-{i}"), "", steps_trace("q", &["fine"])))
+        .collect();
+    // Past the server's 4 MiB decoding limit: the stream breaks here.
+    reqs.push(request(
+        "huge",
+        "",
+        steps_trace(&"q".repeat(5 << 20), &["s"]),
+    ));
+    reqs.push(request("after", "", steps_trace("q", &["fine"])));
+    let mut out = c
+        .evaluate_stream(futures::stream::iter(reqs))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut answered = Vec::new();
+    let end = loop {
+        match out.next().await {
+            Some(Ok(r)) => answered.push(r.id),
+            Some(Err(status)) => break Some(status),
+            None => break None,
+        }
+    };
+    answered.sort();
+    assert_eq!(answered, ["id-0", "id-1", "id-2"]);
+    let status = end.expect("the stream ends with an error, not OK");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("request stream: item 3 could not be read"),
+        "{}",
+        status.message()
+    );
+    s.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn closing_a_stream_cancels_queued_work() {
     let counters = Arc::new(Counters::default());

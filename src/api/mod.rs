@@ -152,6 +152,19 @@ fn error_response(id: String, evaluator: String, e: &EngineError) -> pb::Evaluat
     }
 }
 
+/// The status a response stream ends with when its request stream breaks (an undecodable or
+/// oversized item): INVALID_ARGUMENT, as the table has it for bad input, saying where it broke.
+fn stream_broke(accepted: usize, status: &Status) -> Status {
+    to_status(&EngineError::invalid(
+        "request stream",
+        format!(
+            "item {accepted} could not be read ({:?}: {}); the {accepted} before it were answered",
+            status.code(),
+            status.message()
+        ),
+    ))
+}
+
 type ResponseStream =
     Pin<Box<dyn futures::Stream<Item = Result<pb::EvaluateResponse, Status>> + Send>>;
 
@@ -185,13 +198,20 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
             // aborts them, and with them any work still queued.
             let mut tasks = JoinSet::new();
             let mut reading = true;
+            let (mut accepted, mut broke) = (0usize, None);
             loop {
                 if !reading && tasks.is_empty() {
-                    return; // every request answered: end the response stream
+                    // Every accepted request is answered; a broken request stream ends the
+                    // response stream with its error instead of a silent OK.
+                    if let Some(status) = broke.take() {
+                        let _ = tx.send(Err(status)).await;
+                    }
+                    return;
                 }
                 tokio::select! {
                     next = inbound.next(), if reading && tasks.len() < STREAM_MAX_OPEN => match next {
                         Some(Ok(req)) => {
+                            accepted += 1;
                             let (engine, tx) = (engine.clone(), tx.clone());
                             tasks.spawn(async move {
                                 let arrived = Instant::now();
@@ -204,8 +224,9 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
                             });
                         }
                         Some(Err(status)) => {
-                            tracing::debug!(%status, "request stream broke off");
-                            return;
+                            tracing::info!(%status, accepted, "request stream broke off; answering what it accepted");
+                            reading = false;
+                            broke = Some(stream_broke(accepted, &status));
                         }
                         None => reading = false,
                     },
