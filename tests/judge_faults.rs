@@ -268,6 +268,23 @@ async fn malformed_replies_are_unavailable_and_not_retried() {
     s.stop().await.unwrap();
 }
 
+/// A body past the cap is refused as it streams in, not read whole, parsed and cached.
+#[tokio::test]
+async fn an_oversized_reply_is_refused_and_not_retried() {
+    let huge = format!("{}\n{GOOD}", "x".repeat(5 << 20));
+    let up = Upstream::start(reply(&huge)).await;
+    let s = judge_server("j-huge", &up, "retries = 3").await;
+    let status = judge(&s, "j-huge", None).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("the body is over 4 MiB"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(up.hits(), 1, "a broken body is not retried");
+    s.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn an_unreadable_reply_gets_one_repair_turn() {
     let up = Upstream::start(reply("Looks fine to me.")).await;

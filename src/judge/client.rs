@@ -284,9 +284,7 @@ impl Upstream {
         let content_type = header(reqwest::header::CONTENT_TYPE);
         let retry_after = header(reqwest::header::RETRY_AFTER)
             .and_then(|v| super::policy::parse_retry_after(&v, SystemTime::now()));
-        let body = response.bytes().await.map_err(|e| {
-            AttemptError::Connect(format!("the reply was cut off: {}", error_chain(&e)))
-        })?;
+        let body = read_capped(response).await?;
         if !status.is_success() {
             return Err(AttemptError::Status {
                 code: status.as_u16(),
@@ -296,6 +294,36 @@ impl Upstream {
         }
         read_reply(content_type.as_deref(), &body)
     }
+}
+
+/// Most bytes of one upstream reply: a chat completion is kilobytes; a larger body is a broken
+/// or hostile upstream, and reading it whole would hold it in memory (and in the cache).
+pub const MAX_REPLY_BYTES: usize = 4 << 20;
+
+/// The body, read chunk by chunk and refused as soon as it passes `MAX_REPLY_BYTES`.
+async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, AttemptError> {
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_REPLY_BYTES as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| AttemptError::Connect(format!("the reply was cut off: {}", error_chain(&e))))?
+    {
+        if body.len() + chunk.len() > MAX_REPLY_BYTES {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+fn too_large() -> AttemptError {
+    AttemptError::BadResponse(format!("the body is over {} MiB", MAX_REPLY_BYTES >> 20))
 }
 
 /// The process's HTTP client settings (judges, and the bench's llama-server client).
