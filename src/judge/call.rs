@@ -1,11 +1,11 @@
 //! A judge's reliable call: the response cache, the concurrency and rate limits, the circuit
 //! breaker and retries with backoff, all inside the caller's deadline, around one `Upstream`.
 
+use super::cache::{self, ReplyCache};
 use super::client::{AttemptError, Reply, Upstream};
 use super::policy::{self, Breaker};
 use crate::metrics;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use lru::LruCache;
 use serde_json::Value;
 use std::num::NonZeroU32;
 use std::num::NonZeroUsize;
@@ -56,7 +56,7 @@ pub struct Caller {
     breaker: Arc<Breaker>,
     slots: Semaphore,
     limiter: Option<DefaultDirectRateLimiter>,
-    cache: Option<Mutex<LruCache<String, Arc<Reply>>>>,
+    cache: Option<Mutex<ReplyCache>>,
 }
 
 /// Keeps `retrace_judge_in_flight_requests` true on every exit path, cancellation included.
@@ -81,7 +81,8 @@ impl Caller {
             .requests_per_minute
             .and_then(NonZeroU32::new)
             .map(|rpm| RateLimiter::direct(Quota::per_minute(rpm)));
-        let cache = NonZeroUsize::new(policy.cache_entries).map(|n| Mutex::new(LruCache::new(n)));
+        let cache = NonZeroUsize::new(policy.cache_entries)
+            .map(|n| Mutex::new(ReplyCache::new(n, cache::MAX_BYTES)));
         Caller {
             judge: judge.to_string(),
             upstream,
@@ -104,7 +105,7 @@ impl Caller {
         // The serialised body holds model, messages and every parameter: the whole cache key.
         let key = (cacheable && self.cache.is_some()).then(|| body.to_string());
         if let (Some(cache), Some(key)) = (&self.cache, &key) {
-            let hit = lock(cache).get(key).cloned();
+            let hit = lock(cache).get(key);
             metrics::record_judge_cache(&self.judge, hit.is_some());
             if let Some(reply) = hit {
                 return Ok(Fetched {

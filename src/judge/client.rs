@@ -41,6 +41,16 @@ pub struct Reply {
     pub completion_tokens: u64,
 }
 
+impl Reply {
+    /// The bytes of text it holds, for the cache's budget.
+    pub fn text_bytes(&self) -> usize {
+        self.choices
+            .iter()
+            .map(|c| c.content.len() + c.reasoning.as_ref().map_or(0, String::len))
+            .sum()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Choice {
     pub content: String,

@@ -1,6 +1,7 @@
 //! LLM judges behind an OpenAI-compatible endpoint: prompt templates, reply parsing and voting,
 //! the reliable HTTP call, and the `judge` evaluator built from its config table.
 
+mod cache;
 mod call;
 pub(crate) mod client;
 mod evaluator;
