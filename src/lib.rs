@@ -242,7 +242,7 @@ fn grpc_server(
 /// grpc.health.v1 for the whole server and the Evaluator service, with the readiness gauges.
 struct Health {
     reporter: tonic_health::server::HealthReporter,
-    serving: Option<bool>,
+    serving: bool,
 }
 
 impl Health {
@@ -252,12 +252,11 @@ impl Health {
         tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
     ) {
         let (reporter, service) = tonic_health::server::health_reporter();
-        let mut health = Health {
+        let health = Health {
             reporter,
-            serving: None,
+            serving: false,
         };
         health.set(ServingStatus::NotServing).await;
-        health.serving = Some(false);
         (health, service)
     }
 
@@ -268,18 +267,19 @@ impl Health {
             metrics::set_ready(&s.name, s.ready);
         }
         let ready = statuses.iter().all(|s| s.ready);
-        if self.serving != Some(ready) {
-            match ready {
-                true => tracing::info!("every evaluator is ready: SERVING"),
-                false => tracing::warn!("an evaluator is not ready: NOT_SERVING"),
-            }
-            let status = if ready {
-                ServingStatus::Serving
-            } else {
-                ServingStatus::NotServing
+        if self.serving != ready {
+            let status = match ready {
+                true => {
+                    tracing::info!("every evaluator is ready: SERVING");
+                    ServingStatus::Serving
+                }
+                false => {
+                    tracing::warn!("an evaluator is not ready: NOT_SERVING");
+                    ServingStatus::NotServing
+                }
             };
             self.set(status).await;
-            self.serving = Some(ready);
+            self.serving = ready;
         }
     }
 

@@ -282,17 +282,18 @@ impl PrmConfig {
 }
 
 impl JudgeConfig {
-    /// Whether `extra_body` already carries a reply constraint of the user's own.
-    pub fn extra_constrains(&self) -> bool {
+    /// The `extra_body` key through which the user already constrains the reply, if any.
+    pub fn own_constraint(&self) -> Option<&'static str> {
         CONSTRAINT_KEYS
             .iter()
-            .any(|k| self.extra_body.contains_key(*k))
+            .copied()
+            .find(|k| self.extra_body.contains_key(*k))
     }
 
-    /// The output mode in force: the table's, else the upstream's default.
+    /// The output mode in force: the table's, else the default (see `OutputMode::default_for`).
     pub fn output_mode(&self) -> OutputMode {
         self.output
-            .unwrap_or_else(|| OutputMode::default_for(self.upstream, self.extra_constrains()))
+            .unwrap_or_else(|| OutputMode::default_for(self.own_constraint().is_some()))
     }
 
     /// The temperature sent upstream: none for a reasoning model.

@@ -3,7 +3,6 @@
 use super::evaluator::{CascadeConfig, EvaluatorConfig, JudgeConfig, KindConfig, PrmConfig};
 use super::{MAX_CAPACITY, MAX_GRACE_S};
 use crate::judge::OutputMode;
-use crate::judge::output::CONSTRAINT_KEYS;
 
 /// Most samples one judge may vote over: each is a full judge reply.
 pub const MAX_SAMPLES: u32 = 64;
@@ -151,9 +150,7 @@ fn check_output(e: &JudgeConfig) -> Result<(), String> {
         ));
     }
     if let Some(mode) = e.output.filter(|m| *m != OutputMode::Text)
-        && let Some(key) = CONSTRAINT_KEYS
-            .iter()
-            .find(|k| e.extra_body.contains_key(**k))
+        && let Some(key) = e.own_constraint()
     {
         return Err(format!(
             "extra_body sets `{key}`, which conflicts with output = \"{}\"; remove one \

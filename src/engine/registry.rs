@@ -146,17 +146,7 @@ impl Engine {
             .iter()
             .map(|name| {
                 let slot = &self.slots[name];
-                let description = match slot.evaluator.get() {
-                    Some(e) => e.describe(),
-                    None => Description {
-                        kind: slot.config.kind_name().to_string(),
-                        family: match &slot.config.kind {
-                            KindConfig::Prm(p) => p.family.as_str().to_string(),
-                            _ => String::new(),
-                        },
-                        model: slot.config.kind.model().unwrap_or_default().to_string(),
-                    },
-                };
+                let description = slot.describe();
                 EvaluatorStatus {
                     name: name.clone(),
                     description,
@@ -164,7 +154,7 @@ impl Engine {
                     aggregate: slot.config.aggregate,
                     max_steps: slot.max_steps,
                     max_trace_bytes: slot.max_trace_bytes,
-                    ready: slot.evaluator.get().is_some_and(|e| e.ready()),
+                    ready: slot.ready(),
                     is_default: *name == self.default,
                 }
             })
@@ -263,6 +253,25 @@ impl Engine {
 }
 
 impl Slot {
+    /// The loaded evaluator's description, or what its table says while it loads.
+    fn describe(&self) -> Description {
+        match self.evaluator.get() {
+            Some(e) => e.describe(),
+            None => Description {
+                kind: self.config.kind_name().to_string(),
+                family: match &self.config.kind {
+                    KindConfig::Prm(p) => p.family.as_str().to_string(),
+                    _ => String::new(),
+                },
+                model: self.config.kind.model().unwrap_or_default().to_string(),
+            },
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.evaluator.get().is_some_and(|e| e.ready())
+    }
+
     fn check_limits(&self, trace: &Trace, field: &str) -> Result<(), EngineError> {
         if trace.steps.len() > self.max_steps {
             return Err(EngineError::invalid(
@@ -364,18 +373,11 @@ struct Gated(Arc<Slot>);
 
 impl Evaluator for Gated {
     fn describe(&self) -> Description {
-        match self.0.evaluator.get() {
-            Some(e) => e.describe(),
-            None => Description {
-                kind: self.0.config.kind_name().to_string(),
-                family: String::new(),
-                model: String::new(),
-            },
-        }
+        self.0.describe()
     }
 
     fn ready(&self) -> bool {
-        self.0.evaluator.get().is_some_and(|e| e.ready())
+        self.0.ready()
     }
 
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {

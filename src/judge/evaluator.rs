@@ -166,7 +166,10 @@ impl JudgeEvaluator {
         };
         let mut choices: Vec<(Choice, bool)> = Vec::new();
         if self.samples > 1 && !self.parallel.load(Ordering::Relaxed) {
-            match self.send(&turns, self.samples, shape, deadline).await {
+            match self
+                .send(&self.params, &turns, self.samples, shape, deadline)
+                .await
+            {
                 Ok(got) => {
                     let first = got.reply.choices.iter().take(self.samples as usize);
                     choices.extend(first.map(|c| (c.clone(), got.cached)));
@@ -188,7 +191,8 @@ impl JudgeEvaluator {
         }
         let missing = self.samples as usize - choices.len();
         let more =
-            try_join_all((0..missing).map(|_| self.send(&turns, 1, shape, deadline))).await?;
+            try_join_all((0..missing).map(|_| self.send(&self.params, &turns, 1, shape, deadline)))
+                .await?;
         for got in more {
             choices.extend(got.reply.choices.first().map(|c| (c.clone(), got.cached)));
         }
@@ -234,13 +238,8 @@ impl JudgeEvaluator {
             n_steps,
             turn: output::Turn::Repair,
         };
-        let mut body = request_body(&params, &turns, 1);
-        output::constrain(&mut body, mode, self.upstream, n_steps, shape.turn);
-        let reply = match self.caller.call(&body, self.cacheable(), deadline).await {
-            Ok(got) => {
-                self.count_tokens(&got);
-                got.reply
-            }
+        let reply = match self.send(&params, &turns, 1, shape, deadline).await {
+            Ok(got) => got.reply,
             Err(e) => {
                 tracing::debug!(judge = %self.name, error = %e, "repair turn failed");
                 metrics::record_judge_repair(&self.name, false);
@@ -254,14 +253,16 @@ impl JudgeEvaluator {
         }
     }
 
+    /// One exchange with `params`, constrained for `shape`; counts the tokens it cost.
     async fn send(
         &self,
+        params: &ChatParams,
         turns: &[Turn],
         n: u32,
         shape: Shape,
         deadline: Option<Instant>,
     ) -> Result<Fetched, JudgeError> {
-        let mut body = request_body(&self.params, turns, n);
+        let mut body = request_body(params, turns, n);
         output::constrain(
             &mut body,
             shape.mode,

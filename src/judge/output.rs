@@ -90,7 +90,7 @@ impl UpstreamKind {
 impl OutputMode {
     /// The mode a judge gets when its table names none: a JSON schema, which every kind accepts,
     /// unless `extra_body` already constrains the reply (then the user's constraint stands).
-    pub fn default_for(_upstream: UpstreamKind, extra_constrains: bool) -> OutputMode {
+    pub fn default_for(extra_constrains: bool) -> OutputMode {
         if extra_constrains {
             OutputMode::Text
         } else {

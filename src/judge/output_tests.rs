@@ -97,14 +97,8 @@ fn modes_and_kinds_read_from_config_names() {
         (OutputMode::JsonSchema, UpstreamKind::LlamaCpp)
     );
     assert!(toml::from_str::<T>("output = \"json\"\nupstream = \"vllm\"").is_err());
-    assert_eq!(
-        OutputMode::default_for(UpstreamKind::LlamaCpp, false),
-        OutputMode::JsonSchema
-    );
-    assert_eq!(
-        OutputMode::default_for(UpstreamKind::OpenAi, true),
-        OutputMode::Text
-    );
+    assert_eq!(OutputMode::default_for(false), OutputMode::JsonSchema);
+    assert_eq!(OutputMode::default_for(true), OutputMode::Text);
 }
 
 #[test]
