@@ -1,0 +1,144 @@
+"""What the sync and async clients share: addresses, credentials, metadata, the retry policy.
+
+A call starts at the next address in round-robin order, and each retry moves one address on,
+so a dead replica costs one fast UNAVAILABLE, not the call. Only UNAVAILABLE and
+RESOURCE_EXHAUSTED are retried (with full-jitter exponential backoff); everything else,
+INVALID_ARGUMENT above all, fails at once. The call's timeout is one deadline over all its
+attempts, so retries never stretch a call past what the caller allowed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import grpc
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_TIMEOUT_S = 30.0
+
+# Messages of a Rank over many long candidates outgrow grpc's 4 MiB default.
+_CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+)
+
+
+def parse_addresses(addresses: str | Sequence[str] | None) -> list[str]:
+    """A list, a comma-separated string, or None for $RETRACE_ADDRESS (else 127.0.0.1:50051)."""
+    if addresses is None:
+        addresses = os.environ.get("RETRACE_ADDRESS") or DEFAULT_ADDRESS
+    if isinstance(addresses, str):
+        addresses = addresses.split(",")
+    out = [a.strip() for a in addresses if a and a.strip()]
+    if not out:
+        raise ValueError("no retrace address given")
+    return out
+
+
+def _read_pem(value: str | bytes | os.PathLike | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    return Path(value).read_bytes()
+
+
+@dataclass
+class Settings:
+    """Everything a client is built from; see Client for the meaning of each field."""
+
+    addresses: list[str]
+    token: str | None
+    tls: bool
+    root_certificates: bytes | None
+    timeout: float | None
+    retries: int
+    backoff_initial: float
+    backoff_max: float
+    evaluator: str
+    channel_options: tuple
+
+    @classmethod
+    def build(
+        cls,
+        addresses=None,
+        *,
+        token=None,
+        tls=False,
+        root_certificates=None,
+        timeout=DEFAULT_TIMEOUT_S,
+        retries=3,
+        backoff_initial=0.1,
+        backoff_max=2.0,
+        evaluator="",
+        channel_options=(),
+    ) -> "Settings":
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        if token is None:
+            token = os.environ.get("RETRACE_TOKEN") or None
+        return cls(
+            addresses=parse_addresses(addresses),
+            token=token,
+            tls=bool(tls or root_certificates is not None),
+            root_certificates=_read_pem(root_certificates),
+            timeout=timeout,
+            retries=int(retries),
+            backoff_initial=float(backoff_initial),
+            backoff_max=float(backoff_max),
+            evaluator=evaluator or "",
+            channel_options=_CHANNEL_OPTIONS + tuple(channel_options),
+        )
+
+    @property
+    def metadata(self) -> tuple:
+        if not self.token:
+            return ()
+        return (("authorization", f"Bearer {self.token}"),)
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if not self.tls:
+            return None
+        return grpc.ssl_channel_credentials(root_certificates=self.root_certificates)
+
+    def backoff(self, attempt: int) -> float:
+        """Full jitter: uniform in [0, min(max, initial * 2**attempt)]."""
+        return random.uniform(0.0, min(self.backoff_max, self.backoff_initial * (2**attempt)))
+
+
+class RoundRobin:
+    """Hands out each call's first address index; retries step on from it."""
+
+    def __init__(self, n: int):
+        self._n = n
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+
+    def start(self) -> int:
+        with self._lock:
+            return next(self._counter) % self._n
+
+
+class Deadline:
+    """One call's deadline over all of its attempts; None means no deadline."""
+
+    def __init__(self, timeout: float | None):
+        self._at = None if timeout is None else time.monotonic() + float(timeout)
+
+    def remaining(self) -> float | None:
+        if self._at is None:
+            return None
+        return self._at - time.monotonic()
+
+    def expired(self) -> bool:
+        r = self.remaining()
+        return r is not None and r <= 0
+
+    def allows_sleep(self, seconds: float) -> bool:
+        r = self.remaining()
+        return r is None or r > seconds
