@@ -1,4 +1,5 @@
-//! Compiles the gRPC API with protox (pure Rust), so building needs no system protoc.
+//! Compiles the gRPC API with protox (pure Rust), so building needs no system protoc, and derives
+//! proto3's JSON mapping for the HTTP edge from the same descriptors (pbjson).
 use protox::prost::Message as _;
 use std::{env, fs, path::PathBuf};
 
@@ -7,7 +8,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(["retrace/v1/retrace.proto"], ["proto"])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     // compile_fds does not write the descriptor set; reflection needs it.
-    fs::write(out_dir.join("retrace_descriptor.bin"), fds.encode_to_vec())?;
+    let descriptors = fds.encode_to_vec();
+    fs::write(out_dir.join("retrace_descriptor.bin"), &descriptors)?;
+    // Field names as the proto spells them (what gRPC users read), every field emitted even at
+    // its default (a JSON reader should see `first_error_index: 0`, not a missing key).
+    pbjson_build::Builder::new()
+        .register_descriptors(&descriptors)?
+        .preserve_proto_field_names()
+        .emit_fields()
+        .build(&[".retrace.v1"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -95,11 +95,12 @@ PIDS+=($!)
 sleep 1
 
 for mode in $MODES; do
-  GPORT=$(free_port); MPORT=$(free_port)
+  GPORT=$(free_port); MPORT=$(free_port); HPORT=$(free_port)
   cat >"$OUT/$mode.toml" <<EOF
 [server]
 grpc_addr = "127.0.0.1:$GPORT"
 metrics_addr = "127.0.0.1:$MPORT"
+http_addr = "127.0.0.1:$HPORT"
 
 [[evaluator]]
 name = "judge"

@@ -5,7 +5,8 @@
 //! LLM judges behind an OpenAI-compatible endpoint.
 //!
 //! # Layout
-//! - `api/`: the tonic service; proto <-> domain at the edge; the one error -> Status table.
+//! - `api/`: the tonic service and the HTTP/JSON edge (`api/http/`: OpenRLHF's `/get_reward`,
+//!   proto3 JSON at `/v1/...`); proto <-> domain at the edge; the one error -> status table.
 //! - `engine/`: the `Evaluator` trait, the registry, admission, per-evaluator gates (every caller's
 //!   path to an evaluator, a cascade's included), deadlines, readiness watches.
 //! - `prm/`: PRM checkpoints on candle: formats per family, the batcher thread driving a `Scorer`,
@@ -21,7 +22,8 @@
 //!   name once).
 //!
 //! A request takes three hops: api -> engine -> evaluator. `run` is the whole server; `serve`
-//! wires its pieces: the metrics listener, the gRPC router, health, and the drain on shutdown.
+//! wires its pieces: the metrics listener, the gRPC router, the HTTP router, health, and the drain
+//! on shutdown.
 
 pub mod api;
 pub mod bench;
@@ -50,6 +52,8 @@ use tonic_health::ServingStatus;
 /// The sockets the server answers on; bind them first (tests use 127.0.0.1:0).
 pub struct Listeners {
     pub grpc: TcpListener,
+    /// Serves the HTTP/JSON API (`/get_reward`, `/v1/...`); `None` serves none.
+    pub http: Option<TcpListener>,
     /// Serves Prometheus text at /metrics; `None` serves no metrics endpoint.
     pub metrics: Option<TcpListener>,
 }
@@ -105,6 +109,21 @@ pub async fn serve(
     let server = grpc_server(&config, engine.clone(), health_service)?
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stop.signal());
     tokio::pin!(server);
+    let http = match listeners.http {
+        Some(listener) => {
+            let router = api::http::router(
+                engine.clone(),
+                BearerAuth::new(config.auth_tokens()?),
+                config.reward.clone(),
+            );
+            Some(tokio::spawn(api::http::serve(
+                listener,
+                router,
+                stop.signal(),
+            )))
+        }
+        None => None,
+    };
 
     let load = {
         let engine = engine.clone();
@@ -145,7 +164,18 @@ pub async fn serve(
         grace_s = grace.as_secs_f64(),
         "shutting down; draining requests in flight"
     );
-    match tokio::time::timeout(grace, &mut server).await {
+    let drained = async {
+        let grpc = (&mut server).await;
+        if let Some(http) = http {
+            match http.await {
+                Ok(Err(e)) => tracing::error!(error = %e, "HTTP listener failed"),
+                Err(e) => tracing::error!(error = %e, "HTTP listener panicked"),
+                Ok(Ok(())) => {}
+            }
+        }
+        grpc
+    };
+    match tokio::time::timeout(grace, drained).await {
         Ok(result) => result?,
         Err(_) => tracing::warn!("grace period over; abandoning requests still in flight"),
     }

@@ -23,7 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serves the gRPC API. With no --config, serves the embedded default: SmolLM2-135M-Instruct
+    /// Serves the gRPC API, and HTTP/JSON beside it (OpenRLHF's /get_reward, /v1/evaluate,
+    /// /v1/rank). With no --config, serves the embedded default: SmolLM2-135M-Instruct
     /// as a zero-shot `chat-lm` PRM named `smollm2`, from the cache folder (fetch it with
     /// scripts/fetch-smollm2.sh).
     Serve(ServeArgs),
@@ -113,9 +114,11 @@ async fn main() -> anyhow::Result<()> {
             };
             let listeners = retrace::Listeners {
                 grpc: bind(config.server.grpc_addr).await?,
+                http: Some(bind(config.server.http_addr).await?),
                 metrics: Some(bind(config.server.metrics_addr).await?),
             };
-            tracing::info!(grpc = %config.server.grpc_addr, metrics = %config.server.metrics_addr, "listening");
+            let s = &config.server;
+            tracing::info!(grpc = %s.grpc_addr, http = %s.http_addr, metrics = %s.metrics_addr, "listening");
             retrace::run(config, listeners, retrace::shutdown_signal()).await?;
             tracing::info!("stopped");
             Ok(())

@@ -513,12 +513,13 @@ async fn eval_and_calibrate_run_end_to_end_against_a_server() {
 async fn eval_against_retrace_serve_with_a_real_tiny_prm() {
     let dir = TempDir::new("prm");
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny/chat-lm");
-    let (grpc, metrics) = (free_port(), free_port());
+    let (grpc, metrics, http) = (free_port(), free_port(), free_port());
     let cfg = dir.0.join("retrace.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[server]\ngrpc_addr = \"127.0.0.1:{grpc}\"\nmetrics_addr = \"127.0.0.1:{metrics}\"\n\n\
+            "[server]\ngrpc_addr = \"127.0.0.1:{grpc}\"\nmetrics_addr = \"127.0.0.1:{metrics}\"\n\
+             http_addr = \"127.0.0.1:{http}\"\n\n\
              [[evaluator]]\nname = \"tiny\"\nkind = \"prm\"\nfamily = \"chat-lm\"\nmodel = {:?}\nthreshold = 0.5\n",
             model.display().to_string()
         ),

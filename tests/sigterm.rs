@@ -15,6 +15,7 @@ async fn sigterm_drains_requests_in_flight() {
     let addr = grpc.local_addr().unwrap();
     let listeners = retrace::Listeners {
         grpc,
+        http: None,
         metrics: None,
     };
     let server = tokio::spawn(retrace::serve(

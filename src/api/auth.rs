@@ -26,26 +26,32 @@ impl BearerAuth {
     }
 }
 
+impl BearerAuth {
+    /// Checks an `authorization` value (gRPC metadata or HTTP header); the error says why.
+    pub fn check(&self, authorization: Option<&str>) -> Result<(), &'static str> {
+        if self.tokens.is_empty() {
+            return Ok(());
+        }
+        let presented = authorization
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or("missing `authorization: Bearer <token>`")?;
+        match self.accepts(presented.as_bytes()) {
+            true => Ok(()),
+            false => Err("invalid bearer token"),
+        }
+    }
+}
+
 impl Interceptor for BearerAuth {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        if self.tokens.is_empty() {
-            return Ok(request);
-        }
         let presented = request
             .metadata()
             .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                crate::metrics::record_unauthenticated();
-                Status::unauthenticated("missing `authorization: Bearer <token>` metadata")
-            })?;
-        if self.accepts(presented.as_bytes()) {
-            Ok(request)
-        } else {
+            .and_then(|v| v.to_str().ok());
+        self.check(presented).map(|()| request).map_err(|message| {
             crate::metrics::record_unauthenticated();
-            Err(Status::unauthenticated("invalid bearer token"))
-        }
+            Status::unauthenticated(message)
+        })
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod auth;
 mod convert;
+pub mod http;
 mod status;
 
 pub use auth::BearerAuth;
@@ -24,6 +25,8 @@ use tonic::{Request, Response, Status, Streaming};
 /// Generated protobuf types and the service's client and server.
 pub mod pb {
     tonic::include_proto!("retrace.v1");
+    // proto3's JSON mapping (serde) for the HTTP edge.
+    include!(concat!(env!("OUT_DIR"), "/retrace.v1.serde.rs"));
     /// Encoded descriptors of retrace.v1, for reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/retrace_descriptor.bin"));
@@ -255,25 +258,29 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
         &self,
         _request: Request<pb::ListEvaluatorsRequest>,
     ) -> Result<Response<pb::ListEvaluatorsResponse>, Status> {
-        let evaluators = self
-            .engine
-            .list()
-            .into_iter()
-            .map(|s| pb::EvaluatorInfo {
-                name: s.name,
-                kind: s.description.kind,
-                family: s.description.family,
-                model: s.description.model,
-                threshold: s.threshold,
-                max_steps: u32::try_from(s.max_steps).unwrap_or(u32::MAX),
-                max_trace_bytes: u32::try_from(s.max_trace_bytes).unwrap_or(u32::MAX),
-                ready: s.ready,
-                is_default: s.is_default,
-                aggregate: s.aggregate.as_str().to_string(),
-            })
-            .collect();
-        Ok(Response::new(pb::ListEvaluatorsResponse { evaluators }))
+        Ok(Response::new(evaluator_infos(&self.engine)))
     }
+}
+
+/// Every hosted evaluator, as ListEvaluators and `GET /v1/evaluators` answer.
+fn evaluator_infos(engine: &Engine) -> pb::ListEvaluatorsResponse {
+    let evaluators = engine
+        .list()
+        .into_iter()
+        .map(|s| pb::EvaluatorInfo {
+            name: s.name,
+            kind: s.description.kind,
+            family: s.description.family,
+            model: s.description.model,
+            threshold: s.threshold,
+            max_steps: u32::try_from(s.max_steps).unwrap_or(u32::MAX),
+            max_trace_bytes: u32::try_from(s.max_trace_bytes).unwrap_or(u32::MAX),
+            ready: s.ready,
+            is_default: s.is_default,
+            aggregate: s.aggregate.as_str().to_string(),
+        })
+        .collect();
+    pb::ListEvaluatorsResponse { evaluators }
 }
 
 async fn rank(
@@ -322,7 +329,7 @@ async fn rank(
             arrived,
         })
         .collect();
-    let verdicts = engine.evaluate_all(requests).await?;
+    let verdicts = engine.evaluate_all(requests, "candidates").await?;
     let evaluator = verdicts
         .first()
         .map(|v| v.evaluator.clone())

@@ -38,6 +38,35 @@ pub fn capped(mut message: String) -> String {
     message
 }
 
+/// The status table's HTTP column: what the JSON edge answers for each code.
+pub fn http_status(code: Code) -> u16 {
+    match code {
+        Code::Ok => 200,
+        Code::InvalidArgument => 400,
+        Code::Unauthenticated => 401,
+        Code::ResourceExhausted => 429,
+        Code::Unavailable => 503,
+        Code::DeadlineExceeded => 504,
+        // nginx's "client closed request": only the logs see it, the caller has gone.
+        Code::Cancelled => 499,
+        _ => 500,
+    }
+}
+
+/// The code's name as gRPC spells it, for JSON error bodies.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::Cancelled => "CANCELLED",
+        _ => "INTERNAL",
+    }
+}
+
 /// The `outcome` label for a request's result: a bounded set of snake_case code names.
 pub fn outcome(code: Code) -> &'static str {
     match code {
@@ -92,6 +121,19 @@ mod tests {
         assert!(message.len() < MAX_MESSAGE_BYTES + 64, "{}", message.len());
         assert!(message.ends_with("more bytes cut)"), "{message}");
         assert_eq!(outcome(Code::Ok), "ok");
+        let http: Vec<u16> = [
+            Code::InvalidArgument,
+            Code::Unauthenticated,
+            Code::ResourceExhausted,
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+            Code::Internal,
+        ]
+        .into_iter()
+        .map(http_status)
+        .collect();
+        assert_eq!(http, [400, 401, 429, 503, 504, 500]);
+        assert_eq!(code_name(Code::ResourceExhausted), "RESOURCE_EXHAUSTED");
         assert_eq!(outcome(Code::DataLoss), "internal");
     }
 }

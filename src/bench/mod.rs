@@ -442,12 +442,13 @@ pub async fn bench(opts: BenchOptions) -> anyhow::Result<report::Report> {
 
 /// Starts `retrace serve` (this executable) on 127.0.0.1 with one evaluator, `bench`.
 fn start_server(opts: &BenchOptions, model: &Path, logs: &Path) -> anyhow::Result<(Guard, String)> {
-    let (grpc, metrics) = (free_port()?, free_port()?);
+    let (grpc, metrics, http) = (free_port()?, free_port()?, free_port()?);
     let config = logs.join("retrace.toml");
     std::fs::write(
         &config,
         format!(
-            "[server]\ngrpc_addr = \"127.0.0.1:{grpc}\"\nmetrics_addr = \"127.0.0.1:{metrics}\"\n\n\
+            "[server]\ngrpc_addr = \"127.0.0.1:{grpc}\"\nmetrics_addr = \"127.0.0.1:{metrics}\"\n\
+             http_addr = \"127.0.0.1:{http}\"\n\n\
              [[evaluator]]\nname = \"bench\"\nkind = \"prm\"\nfamily = {:?}\nmodel = {:?}\n",
             opts.family,
             model.display().to_string()

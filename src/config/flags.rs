@@ -11,6 +11,10 @@ pub struct ServerFlags {
     /// gRPC listen address [server.grpc_addr; default 0.0.0.0:50051].
     #[arg(long, env = "RETRACE_GRPC_ADDR")]
     pub grpc_addr: Option<SocketAddr>,
+    /// HTTP/JSON listen address: /get_reward, /v1/evaluate, /v1/rank [server.http_addr; default
+    /// 0.0.0.0:8080].
+    #[arg(long, env = "RETRACE_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
     /// Prometheus /metrics listen address [server.metrics_addr; default 0.0.0.0:9091].
     #[arg(long, env = "RETRACE_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
@@ -57,6 +61,7 @@ impl ServerFlags {
             }
         }
         set(&mut server.grpc_addr, &self.grpc_addr);
+        set(&mut server.http_addr, &self.http_addr);
         set(&mut server.metrics_addr, &self.metrics_addr);
         set_opt(&mut server.default_evaluator, &self.default_evaluator);
         set(&mut server.max_in_flight, &self.max_in_flight);

@@ -7,12 +7,14 @@ pub mod env;
 mod evaluator;
 mod flags;
 mod overrides;
+mod reward;
 mod rules;
 
 pub use evaluator::{
     CascadeConfig, DeviceSpec, Dtype, EvaluatorConfig, JudgeConfig, KindConfig, PrmConfig, defaults,
 };
 pub use flags::ServerFlags;
+pub use reward::{LabelsAs, QuestionFrom, RewardConfig, RewardRule};
 pub use rules::{MAX_RETRIES, MAX_SAMPLES};
 
 use crate::prm::format::Family;
@@ -38,6 +40,9 @@ pub struct Config {
     pub server: ServerConfig,
     #[serde(default, rename = "evaluator")]
     pub evaluators: Vec<EvaluatorConfig>,
+    /// How `POST /get_reward` reads samples and makes rewards.
+    #[serde(default)]
+    pub reward: RewardConfig,
     /// Where the configuration came from, for error messages.
     #[serde(skip)]
     pub source: String,
@@ -47,6 +52,8 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     pub grpc_addr: SocketAddr,
+    /// HTTP/JSON: OpenRLHF's `/get_reward`, `/v1/evaluate`, `/v1/rank`.
+    pub http_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
     /// Evaluator used when a request names none; the first one when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -86,6 +93,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             grpc_addr: "0.0.0.0:50051".parse().expect("literal address"),
+            http_addr: "0.0.0.0:8080".parse().expect("literal address"),
             metrics_addr: "0.0.0.0:9091".parse().expect("literal address"),
             default_evaluator: None,
             max_in_flight: 512,
@@ -227,6 +235,14 @@ impl Config {
             return Err(self.fail(format!(
                 "server.default_evaluator {d:?} names no [[evaluator]]"
             )));
+        }
+        if let Some(r) = &self.reward.evaluator
+            && !names.contains(r.as_str())
+        {
+            return Err(self.fail(format!("reward.evaluator {r:?} names no [[evaluator]]")));
+        }
+        if !self.reward.empty_reward.is_finite() {
+            return Err(self.fail("reward.empty_reward must be a finite number".into()));
         }
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! `--set` overrides: dotted `server.KEY=VALUE` / `evaluator.NAME.KEY=VALUE` applied to the TOML
+//! `--set` overrides: dotted `server.KEY=VALUE` / `reward.KEY=VALUE` / `evaluator.NAME.KEY=VALUE` applied to the TOML
 //! tree before it is deserialised, so every key can be set without editing the file.
 
 use std::collections::BTreeMap;
@@ -11,13 +11,13 @@ pub(super) fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), 
     let value = parse_value(raw.trim());
     let parts: Vec<&str> = path.trim().split('.').collect();
     match parts.as_slice() {
-        ["server", key] => {
+        [section @ ("server" | "reward"), key] => {
             let server = table
-                .entry("server")
+                .entry(*section)
                 .or_insert_with(|| toml::Value::Table(toml::Table::new()));
             let server = server
                 .as_table_mut()
-                .ok_or_else(|| "`server` is not a table".to_string())?;
+                .ok_or_else(|| format!("`{section}` is not a table"))?;
             server.insert(key.to_string(), value);
             Ok(())
         }
@@ -36,7 +36,7 @@ pub(super) fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), 
             Ok(())
         }
         _ => Err(format!(
-            "override {spec:?}: the path must be server.KEY or evaluator.NAME.KEY"
+            "override {spec:?}: the path must be server.KEY, reward.KEY or evaluator.NAME.KEY"
         )),
     }
 }

@@ -185,26 +185,32 @@ impl Engine {
     pub async fn evaluate(&self, request: Request) -> Result<Verdict, EngineError> {
         let slot = self.slot(&request.evaluator)?;
         slot.check_limits(&request.trace, "trace")?;
-        let _permit = self.admit(1)?;
+        let _permit = self.admit(1, "trace")?;
         slot.run(request).await
     }
 
-    /// Admits and judges every candidate together (all or none are admitted); results keep order.
-    pub async fn evaluate_all(&self, requests: Vec<Request>) -> Result<Vec<Verdict>, EngineError> {
+    /// Admits and judges every request together (all or none are admitted); results keep order.
+    /// `field` names the list in errors: `candidates` (a Rank), `query` (a reward batch).
+    pub async fn evaluate_all(
+        &self,
+        requests: Vec<Request>,
+        field: &str,
+    ) -> Result<Vec<Verdict>, EngineError> {
         let Some(first) = requests.first() else {
             return Ok(Vec::new());
         };
         let slot = self.slot(&first.evaluator)?;
         for (i, r) in requests.iter().enumerate() {
-            slot.check_limits(&r.trace, &format!("candidates[{i}]"))?;
+            slot.check_limits(&r.trace, &format!("{field}[{i}]"))?;
         }
-        let _permit = self.admit(requests.len())?;
+        let _permit = self.admit(requests.len(), field)?;
+        let list = field;
         let runs = requests.into_iter().enumerate().map(|(i, r)| async move {
-            // An evaluator names fields under `trace`; in a ranking the trace is a candidate.
+            // An evaluator names fields under `trace`; in a list the trace is an item.
             slot.run(r).await.map_err(|e| match e {
                 EngineError::Invalid { field, message } if field.starts_with("trace") => {
                     EngineError::Invalid {
-                        field: format!("candidates[{i}]{}", &field["trace".len()..]),
+                        field: format!("{list}[{i}]{}", &field["trace".len()..]),
                         message,
                     }
                 }
@@ -223,13 +229,14 @@ impl Engine {
     fn admit(
         &self,
         n: usize,
+        field: &str,
     ) -> Result<(OwnedSemaphorePermit, GaugeGuard<impl Fn(f64)>), EngineError> {
         let n32 = u32::try_from(n).unwrap_or(u32::MAX);
         if n > self.max_in_flight {
             return Err(EngineError::invalid(
-                "candidates",
+                field,
                 format!(
-                    "{n} candidates exceed the server's max_in_flight = {}",
+                    "{n} items exceed the server's max_in_flight = {}",
                     self.max_in_flight
                 ),
             ));

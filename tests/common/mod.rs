@@ -123,6 +123,7 @@ pub fn fake_loader(
 pub struct TestServer {
     pub addr: SocketAddr,
     pub metrics_addr: SocketAddr,
+    pub http_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     pub handle: JoinHandle<Result<(), retrace::ServeError>>,
 }
@@ -131,10 +132,13 @@ impl TestServer {
     pub async fn start(config: Config, loader: EvaluatorLoader) -> TestServer {
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (addr, metrics_addr) = (grpc.local_addr().unwrap(), metrics.local_addr().unwrap());
+        let http_addr = http.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let listeners = retrace::Listeners {
             grpc,
+            http: Some(http),
             metrics: Some(metrics),
         };
         let handle = tokio::spawn(retrace::serve(config, loader, listeners, async {
@@ -143,6 +147,7 @@ impl TestServer {
         TestServer {
             addr,
             metrics_addr,
+            http_addr,
             stop: Some(stop),
             handle,
         }
@@ -277,6 +282,7 @@ pub async fn spawn_retrace(
         .args(args)
         .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+        .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
         .envs(envs.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
