@@ -18,6 +18,7 @@
 //!   evaluator kind (`evaluator.rs`), rules (`rules.rs`), the environment (`env.rs`).
 //! - `eval/` (`retrace eval`, `retrace calibrate`) and `bench/` (`retrace bench`): the offline
 //!   benchmark and the speed benchmark.
+//! - `score.rs` (`retrace score`): a client that prints verdicts as tables.
 //! - `trace.rs` (domain types), `segment.rs` (raw text -> steps), `metrics.rs` (every metric
 //!   name once).
 //!
@@ -34,6 +35,7 @@ pub mod eval;
 pub mod judge;
 pub mod metrics;
 pub mod prm;
+pub mod score;
 mod segment;
 pub mod trace;
 

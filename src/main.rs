@@ -40,6 +40,9 @@ enum Command {
     /// and traces, against the machine's measured f32 matmul peak; prints the side-by-side table
     /// (medians over alternating rounds, ratios) and, with --scaling, writes the scaling plot.
     Bench(retrace::bench::BenchOptions),
+    /// Sends traces to a running server and prints each verdict: the score of every step as a
+    /// bar, the first error marked with its category (or --json).
+    Score(retrace::score::ScoreOptions),
 }
 
 #[derive(clap::Args)]
@@ -98,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
             .map(drop)
             .map_err(Into::into),
         Command::Bench(opts) => retrace::bench::bench(opts).await.map(drop),
+        Command::Score(opts) => retrace::score::score(opts).await,
         Command::CheckConfig(args) => {
             let config = args.load()?;
             print!("{}", config.redacted_toml());

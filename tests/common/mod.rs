@@ -276,7 +276,16 @@ pub async fn spawn_retrace(
     args: &[&std::ffi::OsStr],
     envs: &[(&str, &str)],
 ) -> (ChildGuard, Channel, SocketAddr) {
-    let (grpc, metrics) = (free_port(), free_port());
+    spawn_retrace_on(free_port(), args, envs).await
+}
+
+/// `spawn_retrace` with gRPC on 127.0.0.1:`grpc`.
+pub async fn spawn_retrace_on(
+    grpc: u16,
+    args: &[&std::ffi::OsStr],
+    envs: &[(&str, &str)],
+) -> (ChildGuard, Channel, SocketAddr) {
+    let metrics = free_port();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
         .arg("serve")
         .args(args)
