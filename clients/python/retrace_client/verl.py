@@ -1,7 +1,8 @@
 """verl adapter: `custom_reward_function`s backed by retrace.
 
-verl loads `custom_reward_function.path` and takes `.name` from it (verl/trainer/ppo/reward.py,
-get_custom_reward_fn), binding `custom_reward_function.reward_kwargs` as extra keyword
+verl loads `custom_reward_function.path` (this file's path, or `pkg://retrace_client.verl` where
+verl's load_extern_object takes module paths) and takes `.name` from it (get_custom_reward_fn
+in verl/trainer/ppo/reward.py), binding `custom_reward_function.reward_kwargs` as extra keyword
 arguments. Its reward managers then call, per sample (workers/reward_manager/naive.py and the
 reward loop's managers), `compute_score(data_source=..., solution_str=..., ground_truth=...,
 extra_info=...)`; a coroutine function is awaited, a plain one run in an executor. The batch
@@ -21,12 +22,14 @@ import logging
 import threading
 from typing import Any, Mapping, Sequence
 
-from . import _chat
-from ._per_loop import PerLoop
-from .aio import AsyncClient
-from .client import Client
-from .errors import RetraceError
-from .rewards import check_rule, reward as apply_rule
+# Absolute imports: older verl loads `custom_reward_function.path` as a file under the name
+# "custom_module" (importlib spec_from_file_location), where relative imports have no package.
+from retrace_client import _chat
+from retrace_client._per_loop import PerLoop
+from retrace_client.aio import AsyncClient
+from retrace_client.client import Client
+from retrace_client.errors import RetraceError
+from retrace_client.rewards import check_rule, reward as apply_rule
 
 log = logging.getLogger("retrace_client.verl")
 
