@@ -76,6 +76,7 @@ async def test_async_round_robin_moves_past_a_dead_address(server, dead):
 
 def test_all_dead_gives_unavailable_after_retries(dead):
     with Client([dead], retries=2, backoff_initial=0.01) as c:
+        assert c.health() is False and c.health_status() == "UNREACHABLE"
         with pytest.raises(Unavailable):
             c.evaluate(QUESTION, STEPS)
         results = c.evaluate_many([{"question": QUESTION, "steps": STEPS}] * 3)
