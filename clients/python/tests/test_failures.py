@@ -203,3 +203,14 @@ async def test_async_tls(tls_server, tls_files):
     cert, _ = tls_files
     async with AsyncClient(tls_server.address, root_certificates=cert.read_bytes()) as c:
         assert isinstance(await c.evaluate(QUESTION, STEPS), Verdict)
+
+
+def test_evaluate_many_retries_items_refused_for_overload(tight_server):
+    # Two slow items on a server that admits one request at a time: the second is refused
+    # with RESOURCE_EXHAUSTED inside the stream, and goes out again until it is admitted.
+    items = [{"question": f"SLOW question {i}", "steps": ["a.", "b."], "evaluator": "judge"} for i in range(2)]
+    before = requests_total(tight_server, outcome="resource_exhausted")
+    with Client(tight_server.address, retries=40, backoff_initial=0.2, backoff_max=0.4, timeout=60) as c:
+        results = c.evaluate_many(items, max_in_flight=2)
+    assert all(isinstance(r, Verdict) and r.first_error_index == -1 for r in results)
+    assert requests_total(tight_server, outcome="resource_exhausted") >= before + 1
