@@ -129,6 +129,18 @@ def _score(result, rule: str, return_dict: bool, error_score: float | None):
     return {"score": score, **extras, "retrace_failed": failed}
 
 
+# Keywords verl itself adds to the call (the reward loop, when a reward model router runs).
+_VERL_EXTRAS = frozenset({"reward_router_address", "reward_model_tokenizer"})
+_warned: set[str] = set()
+
+
+def _warn_unknown(extra: Mapping[str, Any]) -> None:
+    # A misspelt reward_kwargs key (`adress=`) would otherwise fall back to a default silently.
+    for k in sorted(set(extra) - _VERL_EXTRAS - _warned):
+        _warned.add(k)
+        log.warning("retrace verl adapter: ignoring unknown keyword argument %r", k)
+
+
 def _options(reward, evaluator, threshold, use_ground_truth, question_key):
     check_rule(reward)
     return dict(evaluator=evaluator, threshold=threshold, use_ground_truth=use_ground_truth, question_key=question_key)
@@ -158,7 +170,9 @@ def compute_score(
     """One sample's reward (a float, or with return_dict=True a dict with "score" and extras).
 
     A failed call raises its RetraceError unless `error_score` is set, which it then returns.
-    Unknown keyword arguments (verl may add reward_router_address and others) are ignored."""
+    Keywords verl adds (reward_router_address, reward_model_tokenizer) are ignored; any other
+    unknown one is ignored with a warning."""
+    _warn_unknown(_ignored)
     opts = _options(reward, evaluator, threshold, use_ground_truth, question_key)
     item = _item(solution_str, ground_truth, extra_info, **opts)
     if not item["text"].strip():
@@ -193,6 +207,7 @@ async def compute_score_async(
     **_ignored: Any,
 ) -> float | dict:
     """compute_score as a coroutine, for verl's reward loop (awaited on its event loop)."""
+    _warn_unknown(_ignored)
     opts = _options(reward, evaluator, threshold, use_ground_truth, question_key)
     item = _item(solution_str, ground_truth, extra_info, **opts)
     if not item["text"].strip():
@@ -228,6 +243,7 @@ def compute_score_batch(
     **_ignored: Any,
 ) -> list[float | dict]:
     """For verl's batch reward manager: the whole batch over one stream, scores in order."""
+    _warn_unknown(_ignored)
     opts = _options(reward, evaluator, threshold, use_ground_truth, question_key)
     n = len(solution_strs)
     extra_infos = [None] * n if extra_infos is None else list(extra_infos)

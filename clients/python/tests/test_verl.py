@@ -160,3 +160,12 @@ def test_errors_raise_unless_an_error_score_is_set(server):
     lenient = load_like_verl("compute_score", {**bad, "error_score": -1.0, "return_dict": True})
     got = lenient(data_source="d", solution_str=SOLUTION, ground_truth="72", extra_info=gsm8k_extra_info(0))
     assert got["score"] == -1.0 and got["retrace_failed"] == 1.0
+
+
+def test_a_misspelt_reward_kwarg_is_warned_about(server, caplog):
+    fn = load_like_verl("compute_score", {"address": server.address, "use_groundtruth": True})
+    with caplog.at_level("WARNING"):
+        fn(data_source="d", solution_str=SOLUTION, ground_truth="72", extra_info=gsm8k_extra_info(0),
+           reward_router_address=None)
+    assert "'use_groundtruth'" in caplog.text
+    assert "reward_router_address" not in caplog.text
