@@ -38,10 +38,6 @@ PROBLEMS = [
 ]
 
 
-class HttpUnavailable(Exception):
-    """The server has no /get_reward yet: the HTTP half is skipped, not failed."""
-
-
 def chatml_prompt(question: str) -> str:
     return (
         f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"
@@ -67,7 +63,7 @@ def sampled_responses(steps: list[str]) -> list[str]:
 def get_reward(http_address: str, prompt: str, response: str, label: str, rule: str) -> dict:
     """One OpenRLHF-style remote reward request (openrlhf/utils/remote_rm_utils.py's body)."""
     body = {"query": [prompt + response + "<|im_end|>"], "prompts": [prompt], "labels": [label]}
-    url = f"http://{http_address}/get_reward" + ("" if rule == "trace_score" else f"?reward={rule}")
+    url = f"http://{http_address}/get_reward" + ("" if rule == "trace_score" else f"?rule={rule}")
     headers = {"Content-Type": "application/json"}
     if os.environ.get("RETRACE_TOKEN"):
         headers["Authorization"] = f"Bearer {os.environ['RETRACE_TOKEN']}"
@@ -77,8 +73,6 @@ def get_reward(http_address: str, prompt: str, response: str, label: str, rule: 
             return json.load(resp)
     except urllib.error.HTTPError as e:
         text = e.read().decode(errors="replace")
-        if e.code == 404:
-            raise HttpUnavailable(f"POST {url} answered 404: {text}") from None
         raise RuntimeError(f"POST {url} answered HTTP {e.code}: {text}") from None
 
 
@@ -100,9 +94,9 @@ def main() -> int:
     completions = [s[1] for s in samples]
     failures = 0
     with retrace_server() as endpoint:
-        http_ok = endpoint.http_address is not None
-        if not http_ok:
-            print("SKIPPED the HTTP half: this server has no HTTP endpoint (no --http-addr / RETRACE_HTTP_ADDRESS)")
+        if endpoint.http_address is None:
+            print("FAILED: this server has no HTTP endpoint (no --http-addr / RETRACE_HTTP_ADDRESS)")
+            return 1
         for rule in RULES:
             fn = reward_function(endpoint.address, reward=rule)
             # TRL decodes completions with skip_special_tokens=True: no <|im_end|> here.
@@ -110,14 +104,8 @@ def main() -> int:
             print(f"\n[{rule}] TRL adapter ({len(PROBLEMS)} groups of {G}):")
             for g in range(len(PROBLEMS)):
                 print("   ", [None if r is None else round(r, 6) for r in trl[g * G : (g + 1) * G]])
-            if not http_ok:
-                continue
             try:
                 http, first_errors = http_rewards(endpoint.http_address, samples, rule)
-            except HttpUnavailable as e:
-                print(f"SKIPPED the HTTP half: the server has no /get_reward yet ({e})")
-                http_ok = False
-                continue
             except RuntimeError as e:
                 failures += 1
                 print(f"FAILED [{rule}]: {e}")

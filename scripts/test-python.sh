@@ -22,7 +22,7 @@ sources=$(find clients/python/pyproject.toml clients/python/setup.py clients/pyt
 want=$(cat $sources | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] \
   || ! .venv/bin/python -c "import retrace_client, pytest, pytest_asyncio" 2>/dev/null; then
-  .venv/bin/pip install -q ./clients/python pytest pytest-asyncio
+  .venv/bin/pip install -q ./clients/python "pytest==9.2.*" "pytest-asyncio==1.5.*"
   echo "$want" > "$stamp"
 fi
 

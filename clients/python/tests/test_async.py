@@ -65,9 +65,14 @@ async def test_rank_agrees_with_sync(server, sync):
     async with AsyncClient(server.address) as c:
         a = await c.rank(QUESTION, candidates)
     b = sync.rank(QUESTION, candidates)
-    assert a.order == b.order
-    for x, y in zip(a.ranked, b.ranked):
-        assert_same_verdict(x.verdict, y.verdict)
+    # The first two candidates are one trace (as text and as steps): they tie, and a tie within
+    # float noise of the batch they land in may break either way, so compare by candidate.
+    by_index = lambda r: {c.index: c.verdict for c in r.ranked}
+    assert sorted(a.order) == sorted(b.order) == [0, 1, 2]
+    for i, v in by_index(a).items():
+        assert_same_verdict(v, by_index(b)[i])
+    scores = [c.verdict.trace_score for c in a.ranked]
+    assert scores == sorted(scores, reverse=True)
 
 
 async def test_errors_raise(server):
