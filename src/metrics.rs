@@ -16,6 +16,9 @@ pub const BATCH_SIZE: &str = "retrace_batch_size";
 pub const BATCH_TOKENS: &str = "retrace_batch_tokens";
 pub const TOKENS_SCORED: &str = "retrace_tokens_scored_total";
 pub const MODEL_LOAD: &str = "retrace_model_load_seconds";
+pub const PREFIX_TOKENS: &str = "retrace_prefix_tokens_total";
+pub const PREFIX_CACHE_BYTES: &str = "retrace_prefix_cache_bytes";
+pub const PREFIX_CACHE_EVICTIONS: &str = "retrace_prefix_cache_evictions_total";
 pub const DROPPED: &str = "retrace_dropped_total";
 pub const UNAUTHENTICATED: &str = "retrace_unauthenticated_total";
 pub const JUDGE_REQUESTS: &str = "retrace_judge_requests_total";
@@ -122,6 +125,18 @@ fn describe() {
         "1 when the evaluator is loaded and answering."
     );
     describe_counter!(STEPS_SCORED, "Steps scored, by evaluator.");
+    describe_counter!(
+        PREFIX_TOKENS,
+        "Tokens of scored traces, by evaluator and whether they were computed or reused (from the prefix cache, or computed once for rows of a batch that share them)."
+    );
+    describe_gauge!(
+        PREFIX_CACHE_BYTES,
+        "Bytes the prefix cache holds, by evaluator."
+    );
+    describe_counter!(
+        PREFIX_CACHE_EVICTIONS,
+        "Prefix-cache entries evicted since start, by evaluator."
+    );
     describe_histogram!(BATCH_SIZE, "Traces per model batch, by evaluator.");
     describe_histogram!(
         BATCH_TOKENS,
@@ -233,6 +248,21 @@ pub fn record_batch(evaluator: &str, traces: usize, tokens: usize) {
     histogram!(BATCH_SIZE, "evaluator" => e.clone()).record(traces as f64);
     histogram!(BATCH_TOKENS, "evaluator" => e.clone()).record(tokens as f64);
     counter!(TOKENS_SCORED, "evaluator" => e).increment(tokens as u64);
+}
+
+/// Tokens a batch computed and reused.
+pub fn record_prefix_tokens(evaluator: &str, computed: usize, reused: usize) {
+    let e = evaluator.to_string();
+    counter!(PREFIX_TOKENS, "evaluator" => e.clone(), "kind" => "computed")
+        .increment(computed as u64);
+    counter!(PREFIX_TOKENS, "evaluator" => e, "kind" => "reused").increment(reused as u64);
+}
+
+/// The prefix cache's size and its evictions so far.
+pub fn set_prefix_cache(evaluator: &str, bytes: usize, evictions: u64) {
+    let e = evaluator.to_string();
+    gauge!(PREFIX_CACHE_BYTES, "evaluator" => e.clone()).set(bytes as f64);
+    counter!(PREFIX_CACHE_EVICTIONS, "evaluator" => e).absolute(evictions);
 }
 
 pub fn record_model_load(evaluator: &str, elapsed: Duration) {

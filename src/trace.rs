@@ -117,6 +117,8 @@ pub struct Judgement {
     /// Time the model or the upstream judge took.
     pub inference: Duration,
     pub path: Path,
+    /// A PRM's tokens computed for this trace and reused (cached, or shared in its batch).
+    pub tokens: Option<(usize, usize)>,
 }
 
 /// The engine's answer: a judgement plus what the engine adds to it.
@@ -161,6 +163,7 @@ impl Judgement {
             queued: Duration::ZERO,
             inference: Duration::ZERO,
             path: Path::Prm,
+            tokens: None,
         }
     }
 }

@@ -195,6 +195,8 @@ pub fn response(id: String, trace: &Trace, v: Verdict) -> pb::EvaluateResponse {
             queue_s: v.queue.as_secs_f64(),
             inference_s: j.inference.as_secs_f64(),
             total_s: v.total.as_secs_f64(),
+            tokens_computed: j.tokens.map_or(0, |t| t.0 as u32),
+            tokens_reused: j.tokens.map_or(0, |t| t.1 as u32),
         }),
         error: None,
         threshold: v.threshold,

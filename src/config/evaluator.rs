@@ -62,6 +62,14 @@ pub struct PrmConfig {
     /// How long the first request of a batch may wait for company.
     #[serde(default = "defaults::max_wait_ms")]
     pub max_wait_ms: u64,
+    /// MiB of computed prefixes (keys and values) the model thread keeps for later requests
+    /// that start with the same tokens; 0 turns the cache off.
+    #[serde(default = "defaults::prefix_cache_mb")]
+    pub prefix_cache_mb: usize,
+    /// Rows of one batch that share leading tokens compute them once. On by default; off only to
+    /// measure what it saves.
+    #[serde(default = "defaults::prefix_sharing")]
+    pub prefix_sharing: bool,
 }
 
 /// An LLM judge behind an OpenAI-compatible chat-completions endpoint.
@@ -191,6 +199,17 @@ pub mod defaults {
     pub(super) fn max_wait_ms() -> u64 {
         MAX_WAIT_MS
     }
+
+    /// Room for ~11k tokens of SmolLM2-135M, ~9k of a 7B Qwen2 in bf16 (see the README's sizing).
+    pub const PREFIX_CACHE_MB: usize = 512;
+
+    pub(super) fn prefix_cache_mb() -> usize {
+        PREFIX_CACHE_MB
+    }
+
+    pub(super) fn prefix_sharing() -> bool {
+        true
+    }
     pub(super) fn judge_max_tokens() -> u32 {
         JUDGE_MAX_TOKENS
     }
@@ -269,6 +288,8 @@ impl PrmConfig {
             max_batch_tokens: defaults::MAX_BATCH_TOKENS,
             max_batch_size: defaults::MAX_BATCH_SIZE,
             max_wait_ms: defaults::MAX_WAIT_MS,
+            prefix_cache_mb: defaults::PREFIX_CACHE_MB,
+            prefix_sharing: true,
         }
     }
 

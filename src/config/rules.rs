@@ -45,6 +45,13 @@ fn check_prm(p: &PrmConfig) -> Result<(), String> {
             p.max_wait_ms
         ));
     }
+    // 1 TiB: beyond any machine's memory, so a typo in units is caught here, not by the OOM killer.
+    if p.prefix_cache_mb > 1 << 20 {
+        return Err(format!(
+            "prefix_cache_mb must be at most 1048576 (1 TiB), got {}",
+            p.prefix_cache_mb
+        ));
+    }
     Ok(())
 }
 

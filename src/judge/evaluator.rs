@@ -378,5 +378,6 @@ pub(super) fn judgement(
         queued: std::time::Duration::ZERO,
         inference: std::time::Duration::ZERO,
         path: Path::Judge,
+        tokens: None,
     }
 }

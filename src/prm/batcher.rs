@@ -14,6 +14,49 @@ use tokio::sync::{oneshot, watch};
 /// fits the same seam.
 pub trait Scorer: Send + 'static {
     fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, String>;
+
+    /// `score`, with how many of each row's tokens were computed for it and how many reused
+    /// (cached, or computed once for rows sharing them); by default every token is computed.
+    fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, String> {
+        Ok(self
+            .score(batch)?
+            .into_iter()
+            .zip(batch)
+            .map(|(scores, e)| Row {
+                scores,
+                tokens: Tokens {
+                    computed: e.ids.len(),
+                    reused: 0,
+                },
+            })
+            .collect())
+    }
+
+    /// What its prefix cache holds, when it has one.
+    fn cache(&self) -> Option<CacheStats> {
+        None
+    }
+}
+
+/// One row's scores, and where its tokens came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub scores: Vec<f32>,
+    pub tokens: Tokens,
+}
+
+/// Tokens of one row computed for it, and reused (from the cache, or shared in its batch).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tokens {
+    pub computed: usize,
+    pub reused: usize,
+}
+
+/// A prefix cache's state, for its metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CacheStats {
+    pub bytes: usize,
+    pub evictions: u64,
 }
 
 /// How batches are cut.
@@ -31,6 +74,7 @@ pub struct Budget {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scored {
     pub scores: Vec<f32>,
+    pub tokens: Tokens,
     pub queued: Duration,
     pub inference: Duration,
 }
@@ -246,44 +290,56 @@ fn keep(name: &str, p: Pending, now: Instant) -> Option<Pending> {
 fn score(name: &str, scorer: &dyn Scorer, batch: Vec<Pending>, cut_at: Instant) {
     let started = Instant::now();
     let rows: Vec<&Encoded> = batch.iter().map(|p| &p.encoded).collect();
-    let real: usize = rows.iter().map(|r| r.ids.len()).sum();
-    let result = scorer.score(&rows).and_then(|scores| {
-        if scores.len() != rows.len()
-            || scores
+    let result = scorer.score_rows(&rows).and_then(|scored| {
+        if scored.len() != rows.len()
+            || scored
                 .iter()
                 .zip(&rows)
-                .any(|(s, r)| s.len() != r.positions.len())
+                .any(|(s, r)| s.scores.len() != r.positions.len())
         {
             return Err("the scorer returned a score list of the wrong shape".to_string());
         }
         // A NaN would pass every threshold and sort first in a ranking: never let one out.
-        match scores.iter().flatten().all(|s| s.is_finite()) {
-            true => Ok(scores),
+        match scored.iter().flat_map(|r| &r.scores).all(|s| s.is_finite()) {
+            true => Ok(scored),
             false => Err("the model produced a non-finite score".to_string()),
         }
     });
     let inference = started.elapsed();
-    // Packed, not padded: the tokens computed are the real ones.
-    metrics::record_batch(name, batch.len(), real);
     metrics::record_stage(name, metrics::Stage::Inference, inference);
+    if let Some(cache) = scorer.cache() {
+        metrics::set_prefix_cache(name, cache.bytes, cache.evictions);
+    }
     match result {
-        Ok(scores) => {
-            for (p, scores) in batch.into_iter().zip(scores) {
+        Ok(scored) => {
+            let computed: usize = scored.iter().map(|r| r.tokens.computed).sum();
+            let reused: usize = scored.iter().map(|r| r.tokens.reused).sum();
+            // Packed, not padded, and reused tokens skipped: the tokens computed are real.
+            metrics::record_batch(name, batch.len(), computed);
+            metrics::record_prefix_tokens(name, computed, reused);
+            for (p, row) in batch.into_iter().zip(scored) {
                 let queued = cut_at.saturating_duration_since(p.enqueued);
                 let _ = p.reply.send(Ok(Scored {
-                    scores,
+                    scores: row.scores,
+                    tokens: row.tokens,
                     queued,
                     inference,
                 }));
             }
         }
         Err(e) => {
+            let real: usize = rows_len(&batch);
+            metrics::record_batch(name, batch.len(), real);
             tracing::error!(evaluator = name, error = %e, "batch failed");
             for p in batch {
                 let _ = p.reply.send(Err(BatchError::Model(e.clone())));
             }
         }
     }
+}
+
+fn rows_len(batch: &[Pending]) -> usize {
+    batch.iter().map(|p| p.encoded.ids.len()).sum()
 }
 
 #[cfg(test)]

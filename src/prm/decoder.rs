@@ -8,7 +8,9 @@
 //! rows, since nothing else of it is read.
 
 use super::model_config::ModelConfig;
-use super::packing::{Seq, shared_prefix};
+use super::packing::{Run, Seq, Src, Which};
+use super::plan::{self, Layout};
+use super::prefix_cache::{Hit, Kv};
 use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder, rotary_emb::rope};
 
@@ -52,6 +54,13 @@ struct Rope {
     sin: Tensor,
 }
 
+/// A forward pass's result: the final normed hidden states at the reads, (reads, H) in row-major
+/// order, and the keys and values of each captured segment (by segment index).
+pub struct Output {
+    pub hidden: Tensor,
+    pub captured: Vec<(usize, Kv)>,
+}
+
 pub struct Decoder {
     embed_tokens: Embedding,
     layers: Vec<Layer>,
@@ -62,18 +71,36 @@ pub struct Decoder {
     pub(super) scores_budget: usize,
 }
 
-/// One batch row inside the packed token stream: its tokens are rows `start..start + len`.
-/// Query rows of one attention call. `Full`: every token of every row, each row's queries in
-/// the chunks of its plan for the layer's window (`plans[w][row]`). `Gathered`: only the rows a
-/// head reads, `idx` into the packed stream, with each row's queries `chunks[row]` (one chunk).
+/// Query rows of one attention call. `Full`: every stream token of every segment, each
+/// segment's queries in the chunks of its plan for the layer's window (`plans[w][segment]`).
+/// `Gathered`: only the positions a head reads, `xq` (normed) in group order, each group's
+/// queries one chunk.
 enum Queries<'a> {
     Full(&'a [Plan]),
     Gathered {
-        idx: &'a Tensor,
+        xq: &'a Tensor,
         cos: &'a Tensor,
         sin: &'a Tensor,
         chunks: &'a [Chunk],
     },
+}
+
+/// Keys and values a forward pass copies out for the prefix cache: per captured segment (its
+/// stream rows `start..start + len`), every layer's, in layer order.
+struct Capture {
+    segments: Vec<(usize, usize)>,
+    k: Vec<Vec<Tensor>>,
+    v: Vec<Vec<Tensor>>,
+}
+
+impl Capture {
+    fn take(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
+        for (i, &(start, len)) in self.segments.iter().enumerate() {
+            self.k[i].push(k.narrow(2, start, len)?.contiguous()?);
+            self.v[i].push(v.narrow(2, start, len)?.contiguous()?);
+        }
+        Ok(())
+    }
 }
 
 /// How every row splits its queries into chunks for the layers with one sliding window (or
@@ -201,48 +228,64 @@ impl Attention {
         })
     }
 
-    /// `x`: the normed packed stream (N, H); `cos`, `sin`: each token's RoPE rows (N, hd / 2).
-    /// Returns (N, H) for `Full`, (rows of `idx`, H) for `Gathered`.
+    /// `x`: the normed packed stream (N, H), `None` when the batch computes no token; `cos`,
+    /// `sin`: each stream token's RoPE rows (N, hd / 2); `seqs`: the query groups (the stream's
+    /// segments for `Full`, the read groups for `Gathered`). Returns (N, H) for `Full`, (rows
+    /// of `xq`, H) for `Gathered`.
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
-        x: &Tensor,
+        layer: usize,
+        x: Option<&Tensor>,
         seqs: &[Seq],
         cos: &Tensor,
         sin: &Tensor,
         queries: &Queries,
+        capture: &mut Capture,
     ) -> Result<Tensor> {
-        let n = x.dim(0)?;
         let hd = self.head_dim;
         // (rows, n * hd) -> (1, n, rows, hd): heads first, so a row's tokens are one narrow.
         let heads = |t: Tensor, nh: usize, rows: usize| {
             t.reshape((1, rows, nh, hd))?.transpose(1, 2)?.contiguous()
         };
-        let k = heads(self.k_proj.forward(x)?, self.n_kv, n)?;
-        let k = rope_apply(&k, cos, sin)?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv, n)?;
+        let (k, v) = match x {
+            Some(x) => {
+                let n = x.dim(0)?;
+                let k = heads(self.k_proj.forward(x)?, self.n_kv, n)?;
+                let k = rope_apply(&k, cos, sin)?;
+                let v = heads(self.v_proj.forward(x)?, self.n_kv, n)?;
+                capture.take(&k, &v)?;
+                (Some(k), Some(v))
+            }
+            None => (None, None),
+        };
         // The softmax scale goes on the queries (rows x hd) rather than the scores (rows x keys).
         let scale = 1.0 / (hd as f64).sqrt();
-        let (q, rows) = match queries {
-            Queries::Full(_) => {
+        let (q, rows) = match (queries, x) {
+            (Queries::Full(_), Some(x)) => {
+                let n = x.dim(0)?;
                 let q = heads((self.q_proj.forward(x)? * scale)?, self.n_heads, n)?;
                 (rope_apply(&q, cos, sin)?, n)
             }
-            Queries::Gathered {
-                idx,
-                cos: qcos,
-                sin: qsin,
-                ..
-            } => {
-                let m = idx.dim(0)?;
-                let xq = x.index_select(idx, 0)?;
-                let q = heads((self.q_proj.forward(&xq)? * scale)?, self.n_heads, m)?;
+            (Queries::Full(_), None) => candle_core::bail!("full attention over no tokens"),
+            (
+                Queries::Gathered {
+                    xq,
+                    cos: qcos,
+                    sin: qsin,
+                    ..
+                },
+                _,
+            ) => {
+                let m = xq.dim(0)?;
+                let q = heads((self.q_proj.forward(xq)? * scale)?, self.n_heads, m)?;
                 (rope_apply(&q, qcos, qsin)?, m)
             }
         };
         let mut outs = Vec::new();
         for (row, seq) in seqs.iter().enumerate() {
-            // Where the row's queries begin: its tokens for `Full`; for `Gathered`, chunk starts
-            // are already offsets into the gathered rows.
+            // Where the group's queries begin: its stream tokens for `Full`; for `Gathered`,
+            // chunk starts are already offsets into the gathered rows.
             let mut q_start = 0;
             let chunks: &[Chunk] = match queries {
                 Queries::Full(plans) => {
@@ -253,13 +296,12 @@ impl Attention {
                 }
                 Queries::Gathered { chunks, .. } => std::slice::from_ref(&chunks[row]),
             };
-            // A row with nothing to read has no queries in the last layer.
             for c in chunks.iter().filter(|c| c.len > 0) {
                 let k_len = c.mask.dim(D::Minus1)?;
                 outs.push(self.attend(
                     &q.narrow(2, q_start + c.start, c.len)?.contiguous()?,
-                    &seq.keys(&k, c.k_start, k_len)?,
-                    &seq.keys(&v, c.k_start, k_len)?,
+                    &seq.keys(layer, Which::K, k.as_ref(), c.k_start, k_len)?,
+                    &seq.keys(layer, Which::V, v.as_ref(), c.k_start, k_len)?,
                     &c.mask,
                 )?);
             }
@@ -322,21 +364,63 @@ impl Layer {
         })
     }
 
-    /// `residual` is the stream the attention output is added to: `x` itself for `Full`, the
-    /// gathered rows of `x` for `Gathered`.
+    /// Every stream token through the layer.
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
+        layer: usize,
         x: &Tensor,
-        residual: &Tensor,
         seqs: &[Seq],
         cos: &Tensor,
         sin: &Tensor,
-        queries: &Queries,
+        plans: &[Plan],
+        capture: &mut Capture,
     ) -> Result<Tensor> {
-        let h =
-            self.self_attn
-                .forward(&self.input_layernorm.forward(x)?, seqs, cos, sin, queries)?;
-        let x = (residual + h)?;
+        let xn = self.input_layernorm.forward(x)?;
+        let h = self.self_attn.forward(
+            layer,
+            Some(&xn),
+            seqs,
+            cos,
+            sin,
+            &Queries::Full(plans),
+            capture,
+        )?;
+        let x = (x + h)?;
+        let h = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&x)?)?;
+        x + h
+    }
+
+    /// Only the rows `xq` (their residual stream before this layer) through the layer, over
+    /// keys from the stream `x` and the cache.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_gathered(
+        &self,
+        layer: usize,
+        x: Option<&Tensor>,
+        xq: &Tensor,
+        groups: &[Seq],
+        chunks: &[Chunk],
+        cos: &Tensor,
+        sin: &Tensor,
+        qcos: &Tensor,
+        qsin: &Tensor,
+        capture: &mut Capture,
+    ) -> Result<Tensor> {
+        let xn = x.map(|x| self.input_layernorm.forward(x)).transpose()?;
+        let xqn = self.input_layernorm.forward(xq)?;
+        let queries = Queries::Gathered {
+            xq: &xqn,
+            cos: qcos,
+            sin: qsin,
+            chunks,
+        };
+        let h = self
+            .self_attn
+            .forward(layer, xn.as_ref(), groups, cos, sin, &queries, capture)?;
+        let x = (xq + h)?;
         let h = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&x)?)?;
@@ -370,15 +454,9 @@ impl Decoder {
         self.embed_tokens.embeddings()
     }
 
-    /// `rows`: the batch's token ids, any lengths; `positions[b]`: the positions of row `b` to
-    /// return (each within the row). Returns the final normed hidden states at those positions,
-    /// (N, H) in row-major order, in the model dtype.
-    ///
-    /// The rows are packed end to end, never padded: every matmul runs on real tokens only and
-    /// each row attends over its own keys, so cost follows the sum of lengths (and of squared
-    /// lengths for attention) rather than rows x the longest. Tokens after a row's last read
-    /// position are dropped: under the causal mask nothing read depends on them.
-    pub fn forward(&self, rows: &[&[u32]], positions: &[&[usize]]) -> Result<Tensor> {
+    /// Each row cut to the tokens it needs (up to its last read: under the causal mask nothing
+    /// read depends on later tokens), checked against the positions the model has.
+    fn lengths(&self, rows: &[&[u32]], positions: &[&[usize]]) -> Result<Vec<usize>> {
         if positions.len() != rows.len() {
             candle_core::bail!(
                 "{} position lists for a batch of {}",
@@ -386,7 +464,6 @@ impl Decoder {
                 rows.len()
             )
         }
-        let dev = self.embeddings().device().clone();
         let mut lens = Vec::with_capacity(rows.len());
         for (row, pos) in rows.iter().zip(positions) {
             if let Some(p) = pos.iter().find(|p| **p >= row.len()) {
@@ -401,123 +478,271 @@ impl Decoder {
             }
             lens.push(len);
         }
-        let shared = shared_prefix(rows, positions, &lens);
+        Ok(lens)
+    }
+
+    /// The batch's layout: each row's cached prefix (`hits`), then the segments the stream
+    /// computes, shared between rows when `share`.
+    pub fn layout(
+        &self,
+        rows: &[&[u32]],
+        positions: &[&[usize]],
+        hits: &[Hit],
+        share: bool,
+    ) -> Result<Layout> {
+        let lens = self.lengths(rows, positions)?;
+        let cut: Vec<&[u32]> = rows.iter().zip(&lens).map(|(r, &l)| &r[..l]).collect();
+        let cached: Vec<usize> = hits.iter().map(|h| h.len).collect();
+        Ok(plan::layout(&cut, &cached, share))
+    }
+
+    /// Runs a laid-out batch: the stream through every layer (the last one only at the reads),
+    /// attending over cached keys where the layout says; copies out the keys and values of the
+    /// segments named in `capture` for the cache.
+    pub fn run(
+        &self,
+        rows: &[&[u32]],
+        positions: &[&[usize]],
+        hits: &[Hit],
+        layout: &Layout,
+        capture: &[usize],
+    ) -> Result<Output> {
+        let dev = self.embeddings().device().clone();
+        let h = self.embed_tokens.hidden_size();
+        let dtype = self.embeddings().dtype();
+        // A row's cached runs below `upto`.
+        let cached_runs = |row: usize, upto: usize| -> Vec<Run<'_>> {
+            hits[row]
+                .pieces
+                .iter()
+                .filter(|p| p.pos < upto)
+                .map(|p| Run {
+                    pos: p.pos,
+                    len: p.len.min(upto - p.pos),
+                    src: Src::Cached(&p.kv, p.offset),
+                })
+                .collect()
+        };
+        let segs = &layout.segments;
+        // A segment's context: its row's cached prefix, then its ancestors in the stream.
+        let context = |s: usize| -> Vec<Run<'_>> {
+            let seg = &segs[s];
+            let mut runs = cached_runs(seg.row, layout.cached[seg.row].min(seg.pos0));
+            let mut chain = Vec::new();
+            let mut at = seg.parent;
+            while let Some(p) = at {
+                chain.push(p);
+                at = segs[p].parent;
+            }
+            runs.extend(chain.into_iter().rev().map(|p| Run {
+                pos: segs[p].pos0,
+                len: segs[p].len,
+                src: Src::Stream(segs[p].start),
+            }));
+            runs
+        };
+        let seqs: Vec<Seq> = (0..segs.len())
+            .map(|s| Seq {
+                start: segs[s].start,
+                len: segs[s].len,
+                pos0: segs[s].pos0,
+                context: context(s),
+            })
+            .collect();
+        let mut ids: Vec<u32> = Vec::with_capacity(layout.tokens);
+        let mut token_pos: Vec<u32> = Vec::with_capacity(layout.tokens);
+        for seg in segs {
+            ids.extend_from_slice(&rows[seg.row][seg.pos0..seg.pos0 + seg.len]);
+            token_pos.extend(seg.pos0 as u32..(seg.pos0 + seg.len) as u32);
+        }
         tracing::debug!(
             rows = rows.len(),
-            tokens = lens.iter().sum::<usize>(),
-            shared,
+            segments = segs.len(),
+            computed = layout.tokens,
             "packed batch"
         );
-        // The stream: the shared prefix once (a row of its own that nothing reads), then each
-        // row's own tokens.
-        let mut ids: Vec<u32> = Vec::new();
-        let mut token_pos: Vec<u32> = Vec::new();
-        let mut seqs = Vec::with_capacity(rows.len() + 1);
-        if shared > 0 {
-            let first = rows[lens.iter().position(|l| *l > 0).unwrap_or(0)];
-            ids.extend_from_slice(&first[..shared]);
-            token_pos.extend(0..shared as u32);
-            seqs.push(Seq {
-                start: 0,
-                len: shared,
-                pos0: 0,
-                prefix_start: 0,
-            });
-        }
-        for (row, &len) in rows.iter().zip(&lens) {
-            let pos0 = if len > 0 { shared } else { 0 };
-            seqs.push(Seq {
-                start: ids.len(),
-                len: len - pos0,
-                pos0,
-                prefix_start: 0,
-            });
-            ids.extend_from_slice(&row[pos0..len]);
-            token_pos.extend(pos0 as u32..len as u32);
-        }
-        // Packed stream index of every read, in order, and each row's query chunk for the last
-        // layer (which only computes those rows).
-        let row_seqs = &seqs[seqs.len() - rows.len()..];
-        let mut read_idx: Vec<u32> = Vec::new();
-        let mut read_pos: Vec<u32> = Vec::new();
-        for (seq, pos) in row_seqs.iter().zip(positions) {
-            read_idx.extend(pos.iter().map(|p| (seq.start + p - seq.pos0) as u32));
-            read_pos.extend(pos.iter().map(|p| *p as u32));
-        }
-        let h = self.embed_tokens.hidden_size();
-        if read_idx.is_empty() {
-            return Tensor::zeros((0, h), self.embeddings().dtype(), &dev);
-        }
-        let n = ids.len();
-        let ids = Tensor::from_vec(ids, n, &dev)?;
-        let token_pos = Tensor::from_vec(token_pos, n, &dev)?;
-        let cos = self.rope.cos.index_select(&token_pos, 0)?;
-        let sin = self.rope.sin.index_select(&token_pos, 0)?;
-        let read_count = read_idx.len();
-        let read_idx = Tensor::from_vec(read_idx, read_count, &dev)?;
 
-        let mut x = self.embed_tokens.forward(&ids)?;
-        let Some((last, full)) = self.layers.split_last() else {
-            return self.norm.forward(&x.index_select(&read_idx, 0)?);
-        };
-        let mut plans: Vec<Plan> = Vec::new();
-        for w in full.iter().map(|layer| layer.self_attn.window) {
-            if !plans.iter().any(|p| p.window == w) {
-                plans.push(Plan::new(&seqs, self.scores_budget, self.n_heads, w, &dev)?);
+        // The reads: grouped by the segment that holds them (a position several rows read is
+        // computed once), or, inside a row's cached prefix, by row.
+        let mut stream_groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        let mut cached_groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (row, pos) in positions.iter().enumerate() {
+            for &p in pos.iter() {
+                let (groups, key) = match p < layout.cached[row] {
+                    true => (&mut cached_groups, row),
+                    false => {
+                        let s = layout.segment_at(row, p).ok_or_else(|| {
+                            candle_core::Error::Msg(format!(
+                                "row {row}: position {p} laid out nowhere"
+                            ))
+                        })?;
+                        (&mut stream_groups, s)
+                    }
+                };
+                match groups.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, list)) => list.push(p),
+                    None => groups.push((key, vec![p])),
+                }
             }
         }
-        for layer in full {
-            x = layer.forward(&x, &x, &seqs, &cos, &sin, &Queries::Full(&plans))?;
+        for (_, list) in stream_groups.iter_mut().chain(cached_groups.iter_mut()) {
+            list.sort_unstable();
+            list.dedup();
         }
-        drop(plans);
-        // The last layer: queries, attention output and MLP for the read rows only.
+        let read_count: usize = positions.iter().map(|p| p.len()).sum();
+        if read_count == 0 {
+            return Ok(Output {
+                hidden: Tensor::zeros((0, h), dtype, &dev)?,
+                captured: Vec::new(),
+            });
+        }
+
+        let n = ids.len();
+        let stream_cos_sin = |pos: Vec<u32>| -> Result<(Tensor, Tensor)> {
+            let count = pos.len();
+            let pos = Tensor::from_vec(pos, count, &dev)?;
+            Ok((
+                self.rope.cos.index_select(&pos, 0)?,
+                self.rope.sin.index_select(&pos, 0)?,
+            ))
+        };
+        let (cos, sin) = stream_cos_sin(token_pos)?;
+        let mut cap = Capture {
+            segments: capture
+                .iter()
+                .map(|&s| (segs[s].start, segs[s].len))
+                .collect(),
+            k: vec![Vec::new(); capture.len()],
+            v: vec![Vec::new(); capture.len()],
+        };
+        let (last, full) = self
+            .layers
+            .split_last()
+            .ok_or_else(|| candle_core::Error::Msg("a decoder with no layers".into()))?;
+        let mut x = match n {
+            0 => None,
+            _ => Some(
+                self.embed_tokens
+                    .forward(&Tensor::from_vec(ids, n, &dev)?)?,
+            ),
+        };
+        if let Some(stream) = x.as_mut() {
+            let mut plans: Vec<Plan> = Vec::new();
+            for w in full.iter().map(|layer| layer.self_attn.window) {
+                if !plans.iter().any(|p| p.window == w) {
+                    plans.push(Plan::new(&seqs, self.scores_budget, self.n_heads, w, &dev)?);
+                }
+            }
+            for (li, layer) in full.iter().enumerate() {
+                *stream = layer.forward(li, stream, &seqs, &cos, &sin, &plans, &mut cap)?;
+            }
+        }
+
+        // The last layer, for the reads only: their rows of its input, from the stream or the
+        // cache, in group order (stream groups first).
         let window = last.self_attn.window;
-        let mut chunks = Vec::with_capacity(seqs.len());
-        if shared > 0 {
-            // The prefix row: nothing to read.
+        let mut groups: Vec<Seq> = Vec::new();
+        let mut chunks: Vec<Chunk> = Vec::new();
+        let mut q_pos: Vec<u32> = Vec::new();
+        let mut stream_idx: Vec<u32> = Vec::new();
+        let mut cached_x: Vec<Tensor> = Vec::new();
+        let mut out_at: Vec<((bool, usize), usize)> = Vec::new();
+        let mut add_chunk = |list: &[usize], q_pos: &mut Vec<u32>| -> Result<()> {
+            let (lo, hi) = (list[0], list[list.len() - 1]);
+            let k_start = window.map_or(0, |w| (lo + 1).saturating_sub(w));
+            let qp: Vec<u32> = list.iter().map(|p| *p as u32).collect();
+            let qt = Tensor::from_vec(qp.clone(), qp.len(), &dev)?;
+            let m =
+                mask(&qt, k_start, hi + 1 - k_start, window)?.reshape((1, 1, 1, qp.len(), ()))?;
             chunks.push(Chunk {
+                start: q_pos.len(),
+                len: qp.len(),
+                k_start,
+                mask: m,
+            });
+            q_pos.extend(qp);
+            Ok(())
+        };
+        for (s, list) in &stream_groups {
+            let seg = &segs[*s];
+            for &p in list {
+                out_at.push(((false, *s), p));
+                stream_idx.push((seg.start + p - seg.pos0) as u32);
+            }
+            add_chunk(list, &mut q_pos)?;
+            groups.push(seqs[*s].clone());
+        }
+        for (row, list) in &cached_groups {
+            for &p in list {
+                out_at.push(((true, *row), p));
+                let piece = hits[*row]
+                    .pieces
+                    .iter()
+                    .find(|c| (c.pos..c.pos + c.len).contains(&p))
+                    .ok_or_else(|| candle_core::Error::Msg(format!("position {p} not cached")))?;
+                cached_x.push(piece.kv.x.narrow(0, piece.offset + p - piece.pos, 1)?);
+            }
+            let seq = Seq {
                 start: 0,
                 len: 0,
-                k_start: 0,
-                mask: Tensor::zeros((1, 1, 1, 0, 1), DType::F32, &dev)?,
-            });
-        }
-        let mut start = 0;
-        for pos in positions {
-            let lo = pos.iter().min().copied().unwrap_or(0);
-            let hi = pos.iter().max().copied().unwrap_or(0);
-            let k_start = window.map_or(0, |w| (lo + 1).saturating_sub(w));
-            let mask = match pos.is_empty() {
-                true => Tensor::zeros((1, 1, 1, 0, 1), DType::F32, &dev)?,
-                false => {
-                    let q_pos: Vec<u32> = pos.iter().map(|p| *p as u32).collect();
-                    let q_pos = Tensor::from_vec(q_pos, pos.len(), &dev)?;
-                    mask(&q_pos, k_start, hi + 1 - k_start, window)?.reshape((
-                        1,
-                        1,
-                        1,
-                        pos.len(),
-                        (),
-                    ))?
-                }
+                pos0: layout.cached[*row],
+                context: cached_runs(*row, layout.cached[*row]),
             };
-            chunks.push(Chunk {
-                start,
-                len: pos.len(),
-                k_start,
-                mask,
-            });
-            start += pos.len();
+            add_chunk(list, &mut q_pos)?;
+            groups.push(seq);
         }
-        let read_pos = Tensor::from_vec(read_pos, read_count, &dev)?;
-        let gathered = Queries::Gathered {
-            idx: &read_idx,
-            cos: &self.rope.cos.index_select(&read_pos, 0)?,
-            sin: &self.rope.sin.index_select(&read_pos, 0)?,
-            chunks: &chunks,
+        let mut parts = Vec::new();
+        if let (Some(stream), false) = (x.as_ref(), stream_idx.is_empty()) {
+            let count = stream_idx.len();
+            parts.push(stream.index_select(&Tensor::from_vec(stream_idx, count, &dev)?, 0)?);
+        }
+        parts.extend(cached_x);
+        let xq = Tensor::cat(&parts, 0)?;
+        let (qcos, qsin) = stream_cos_sin(q_pos)?;
+        // The last layer's input is what a later read inside this prefix starts from.
+        let last_in: Vec<Tensor> = match x.as_ref() {
+            Some(stream) => cap
+                .segments
+                .iter()
+                .map(|&(start, len)| stream.narrow(0, start, len)?.copy())
+                .collect::<Result<_>>()?,
+            None => Vec::new(),
         };
-        let residual = x.index_select(&read_idx, 0)?;
-        let rows = last.forward(&x, &residual, &seqs, &cos, &sin, &gathered)?;
-        self.norm.forward(&rows)
+        let read = last.forward_gathered(
+            full.len(),
+            x.as_ref(),
+            &xq,
+            &groups,
+            &chunks,
+            &cos,
+            &sin,
+            &qcos,
+            &qsin,
+            &mut cap,
+        )?;
+        let read = self.norm.forward(&read)?;
+        // Back to row-major read order.
+        let mut order = Vec::with_capacity(read_count);
+        for (row, pos) in positions.iter().enumerate() {
+            for &p in pos.iter() {
+                let key = match p < layout.cached[row] {
+                    true => (true, row),
+                    false => (false, layout.segment_at(row, p).expect("laid out above")),
+                };
+                let at = out_at
+                    .iter()
+                    .position(|&(k, q)| k == key && q == p)
+                    .expect("every read is gathered");
+                order.push(at as u32);
+            }
+        }
+        let hidden = read.index_select(&Tensor::from_vec(order, read_count, &dev)?, 0)?;
+        let captured = capture
+            .iter()
+            .zip(cap.k.into_iter().zip(cap.v))
+            .zip(last_in)
+            .map(|((&s, (k, v)), x)| (s, Kv { k, v, x }))
+            .collect();
+        Ok(Output { hidden, captured })
     }
 }

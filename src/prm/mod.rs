@@ -8,6 +8,8 @@ mod head;
 pub(crate) mod model;
 mod model_config;
 mod packing;
+mod plan;
+mod prefix_cache;
 mod template;
 mod weights;
 
@@ -106,7 +108,11 @@ impl PrmEvaluator {
         };
         let formatter = Formatter::load(cfg.family, &folder).map_err(fail)?;
         let model = PrmModel::load(&folder, formatter.head_spec(), &device, dtype)
-            .map_err(|e: ModelError| fail(e.to_string()))?;
+            .map_err(|e: ModelError| fail(e.to_string()))?
+            .with_reuse(model::Reuse {
+                cache_bytes: cfg.prefix_cache_mb << 20,
+                share: cfg.prefix_sharing,
+            });
         let budget = Budget {
             max_batch_tokens: cfg.max_batch_tokens,
             max_batch_size: cfg.max_batch_size,
@@ -211,6 +217,7 @@ impl Evaluator for PrmEvaluator {
             let mut judgement = Judgement::from_scores(scored.scores, job.threshold);
             judgement.queued = scored.queued;
             judgement.inference = scored.inference;
+            judgement.tokens = Some((scored.tokens.computed, scored.tokens.reused));
             Ok(judgement)
         })
     }

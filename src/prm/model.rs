@@ -1,18 +1,21 @@
 //! A loaded PRM checkpoint (config, decoder and head) and its one entry point: token ids and the
 //! positions to read in, step scores out.
 
-use super::batcher::Scorer;
+use super::batcher::{CacheStats, Row, Scorer, Tokens};
 use super::decoder::Decoder;
 use super::format::Encoded;
 use super::head::Head;
 pub use super::head::HeadSpec;
 use super::model_config::ModelConfig;
+use super::plan::Layout;
+use super::prefix_cache::{Hit, PrefixCache};
 use super::weights::FileTensors;
 use crate::config::DeviceSpec;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -37,11 +40,34 @@ pub enum ModelError {
     Candle(#[from] candle_core::Error),
 }
 
-/// A PRM ready to score: immutable after loading, so one instance can serve every request.
+/// A PRM ready to score: its weights immutable after loading; its prefix cache (when on) is
+/// the model thread's own.
 pub struct PrmModel {
     config: ModelConfig,
     decoder: Decoder,
     head: Head,
+    cache: Option<Mutex<PrefixCache>>,
+    /// Rows of one batch that share tokens compute them once (off only to measure it).
+    share: bool,
+    dtype: DType,
+}
+
+/// How a model reuses computed tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reuse {
+    /// Bytes the prefix cache may hold; 0 turns it off.
+    pub cache_bytes: usize,
+    /// In-batch sharing of tokens rows have in common.
+    pub share: bool,
+}
+
+impl Default for Reuse {
+    fn default() -> Self {
+        Reuse {
+            cache_bytes: 0,
+            share: true,
+        }
+    }
 }
 
 impl PrmModel {
@@ -75,7 +101,26 @@ impl PrmModel {
             config,
             decoder,
             head,
+            cache: None,
+            share: true,
+            dtype,
         })
+    }
+
+    /// Sets how this model reuses computed tokens.
+    pub fn with_reuse(mut self, reuse: Reuse) -> Self {
+        self.cache =
+            (reuse.cache_bytes > 0).then(|| Mutex::new(PrefixCache::new(reuse.cache_bytes)));
+        self.share = reuse.share;
+        self
+    }
+
+    /// Bytes the prefix cache spends per token: every layer's keys and values, and the last
+    /// layer's input.
+    pub fn cache_bytes_per_token(&self) -> usize {
+        let c = &self.config;
+        (2 * c.num_hidden_layers * c.kv_heads() * c.head_dim() + c.hidden_size)
+            * self.dtype.size_in_bytes()
     }
 
     /// The longest input (in tokens) the model accepts.
@@ -125,16 +170,129 @@ impl PrmModel {
                 )));
             }
         }
-        if positions.iter().all(|p| p.is_empty()) {
-            return Ok(vec![Vec::new(); batch.len()]);
-        }
-        let hidden = self.decoder.forward(batch, positions)?;
-        let mut flat = self.head.scores(&hidden)?.into_iter();
-        Ok(positions
-            .iter()
-            .map(|p| flat.by_ref().take(p.len()).collect())
+        Ok(self
+            .score_rows(batch, positions)?
+            .into_iter()
+            .map(|r| r.scores)
             .collect())
     }
+
+    /// `score`, with each row's tokens computed and reused. With the prefix cache on, each row
+    /// starts from its longest cached prefix, and what the batch computes is cached after (as
+    /// much as the budget holds, least recently used evicted first).
+    pub fn score_rows(
+        &self,
+        batch: &[&[u32]],
+        positions: &[&[usize]],
+    ) -> Result<Vec<Row>, ModelError> {
+        if positions.iter().all(|p| p.is_empty()) {
+            return Ok(batch
+                .iter()
+                .map(|_| Row {
+                    scores: Vec::new(),
+                    tokens: Tokens::default(),
+                })
+                .collect());
+        }
+        let mut cache = match &self.cache {
+            Some(c) => Some(c.lock().map_err(|_| {
+                ModelError::BadInput("the prefix cache was poisoned by a panic".into())
+            })?),
+            None => None,
+        };
+        let lens: Vec<usize> = positions
+            .iter()
+            .map(|p| p.iter().max().map_or(0, |m| m + 1))
+            .collect();
+        let mut pins = Vec::new();
+        let hits: Vec<Hit> = match cache.as_mut() {
+            Some(c) => batch
+                .iter()
+                .zip(&lens)
+                .map(|(row, &len)| {
+                    let (hit, pinned) = c.lookup(&row[..len.min(row.len())]);
+                    pins.extend(pinned);
+                    hit
+                })
+                .collect(),
+            None => vec![Hit::default(); batch.len()],
+        };
+        let result = (|| {
+            let layout = self.decoder.layout(batch, positions, &hits, self.share)?;
+            let capture = match cache.as_mut() {
+                Some(c) => self.make_room(c, &layout),
+                None => Vec::new(),
+            };
+            let out = self
+                .decoder
+                .run(batch, positions, &hits, &layout, &capture)?;
+            if let Some(c) = cache.as_mut() {
+                for (s, kv) in out.captured {
+                    let seg = &layout.segments[s];
+                    c.insert(&batch[seg.row][..seg.pos0 + seg.len], seg.pos0, kv)?;
+                }
+            }
+            Ok::<_, ModelError>((layout, self.head.scores(&out.hidden)?))
+        })();
+        if let Some(c) = cache.as_mut() {
+            c.unpin(&pins);
+            let budget = c.budget();
+            c.evict_to(budget);
+        }
+        let (layout, flat) = result?;
+        let tokens = row_tokens(&layout, &lens);
+        let mut flat = flat.into_iter();
+        Ok(positions
+            .iter()
+            .zip(tokens)
+            .map(|(p, tokens)| Row {
+                scores: flat.by_ref().take(p.len()).collect(),
+                tokens,
+            })
+            .collect())
+    }
+
+    /// Evicts for what the batch computes, and picks the segments the cache keeps: in stream
+    /// order (parents first) while they fit the budget.
+    fn make_room(&self, cache: &mut PrefixCache, layout: &Layout) -> Vec<usize> {
+        let per_token = self.cache_bytes_per_token();
+        let budget = cache.budget();
+        cache.evict_to(budget.saturating_sub(layout.tokens * per_token));
+        let mut room = budget.saturating_sub(cache.bytes());
+        let mut keep = Vec::new();
+        for (i, seg) in layout.segments.iter().enumerate() {
+            let bytes = seg.len * per_token;
+            if bytes > room {
+                break;
+            }
+            room -= bytes;
+            keep.push(i);
+        }
+        keep
+    }
+}
+
+/// Each row's tokens computed for it and reused: a segment several rows share counts as
+/// computed for the first of them.
+fn row_tokens(layout: &Layout, lens: &[usize]) -> Vec<Tokens> {
+    let mut claimed = vec![false; layout.segments.len()];
+    layout
+        .paths
+        .iter()
+        .zip(lens)
+        .map(|(path, &len)| {
+            let mut computed = 0;
+            for &s in path {
+                if !std::mem::replace(&mut claimed[s], true) {
+                    computed += layout.segments[s].len;
+                }
+            }
+            Tokens {
+                computed,
+                reused: len - computed,
+            }
+        })
+        .collect()
 }
 
 impl Scorer for PrmModel {
@@ -142,6 +300,20 @@ impl Scorer for PrmModel {
         let rows: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
         let positions: Vec<&[usize]> = batch.iter().map(|e| e.positions.as_slice()).collect();
         PrmModel::score(self, &rows, &positions).map_err(|e| e.to_string())
+    }
+
+    fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, String> {
+        let rows: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+        let positions: Vec<&[usize]> = batch.iter().map(|e| e.positions.as_slice()).collect();
+        PrmModel::score_rows(self, &rows, &positions).map_err(|e| e.to_string())
+    }
+
+    fn cache(&self) -> Option<CacheStats> {
+        let cache = self.cache.as_ref()?.lock().ok()?;
+        Some(CacheStats {
+            bytes: cache.bytes(),
+            evictions: cache.stats().evictions,
+        })
     }
 }
 

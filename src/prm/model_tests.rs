@@ -2,6 +2,7 @@
 //! chunked attention, sharded checkpoints and the load errors.
 
 use super::*;
+use crate::prm::batcher::Row;
 use candle_core::Tensor;
 use std::time::Instant;
 
@@ -313,4 +314,158 @@ fn a_shared_prefix_is_computed_once_and_exactly() {
             }
         }
     }
+}
+
+fn with_cache(family: &str, cache_bytes: usize, share: bool) -> PrmModel {
+    load(family, DType::F32).with_reuse(Reuse { cache_bytes, share })
+}
+
+/// Scores rows with both models; returns the largest difference and the second's rows.
+fn compare(
+    plain: &PrmModel,
+    cached: &PrmModel,
+    rows: &[&[u32]],
+    pos: &[&[usize]],
+) -> (f32, Vec<Row>) {
+    let want = plain.score_rows(rows, pos).unwrap();
+    let got = cached.score_rows(rows, pos).unwrap();
+    let mut worst = 0.0f32;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.scores.len(), pos[i].len(), "row {i}: one score per read");
+        let len = pos[i].iter().max().map_or(0, |m| m + 1);
+        assert_eq!(
+            g.tokens.computed + g.tokens.reused,
+            len,
+            "row {i}: tokens add up"
+        );
+        for (a, b) in g.scores.iter().zip(&w.scores) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    (worst, got)
+}
+
+#[test]
+fn the_prefix_cache_is_exact_for_every_family() {
+    for family in FAMILIES {
+        let plain = with_cache(family, 0, true);
+        let cached = with_cache(family, 64 << 20, true);
+        let cases = cases(family);
+        let mut worst = 0.0f32;
+        for c in &cases {
+            // Tree search: the trace cut after each step, rescored in order. From the second
+            // on, everything up to the previous cut is reused, its reads included.
+            for k in 1..=c.positions.len() {
+                let ids = &c.ids[..c.positions[k - 1] + 1];
+                let (d, rows) = compare(&plain, &cached, &[ids], &[&c.positions[..k]]);
+                worst = worst.max(d);
+                if k > 1 {
+                    assert!(
+                        rows[0].tokens.reused > c.positions[k - 2],
+                        "{family}: {rows:?}"
+                    );
+                }
+            }
+            // A full hit computes nothing and still scores every step.
+            let (d, rows) = compare(&plain, &cached, &[&c.ids], &[&c.positions]);
+            worst = worst.max(d);
+            let last = c.positions.iter().max().unwrap() + 1;
+            assert_eq!(rows[0].tokens.computed, 0, "{family}: full hit");
+            assert_eq!(rows[0].tokens.reused, last);
+            // A divergence in the middle of a step: reused up to it, recomputed after.
+            if c.positions.len() >= 2 {
+                let mut other = c.ids.clone();
+                let at = (c.positions[0] + c.positions[1]) / 2 + 1;
+                other[at] = (other[at] + 1) % plain.vocab_size() as u32;
+                let (d, rows) = compare(&plain, &cached, &[&other], &[&c.positions]);
+                worst = worst.max(d);
+                assert_eq!(
+                    rows[0].tokens.reused, at,
+                    "{family}: reused up to the divergence"
+                );
+            }
+        }
+        assert!(worst < 1e-5, "{family}: cache on vs off differs by {worst}");
+    }
+}
+
+#[test]
+fn one_batch_mixes_hits_shared_rows_and_new_rows_exactly() {
+    for family in ["qwen2-math-prm", "math-shepherd", "chat-lm"] {
+        let cases = cases(family);
+        let (a, b) = (&cases[0], &cases[1]);
+        for share in [true, false] {
+            let plain = with_cache(family, 0, true);
+            let cached = with_cache(family, 64 << 20, share);
+            // Half of case a is cached first.
+            let half = a.positions[a.positions.len() / 2] + 1;
+            let n = a.positions.iter().filter(|p| **p < half).count();
+            compare(&plain, &cached, &[&a.ids[..half]], &[&a.positions[..n]]);
+            // Then, in one batch: a twice (racing for the same prefix), a's cached half alone
+            // (a full hit), and b (new).
+            let rows: [&[u32]; 4] = [&a.ids, &a.ids, &a.ids[..half], &b.ids];
+            let pos: [&[usize]; 4] = [&a.positions, &a.positions, &a.positions[..n], &b.positions];
+            let (d, got) = compare(&plain, &cached, &rows, &pos);
+            assert!(d < 1e-5, "{family} share={share}: {d}");
+            assert_eq!(
+                got[2].tokens.computed, 0,
+                "{family}: the cached half is a full hit"
+            );
+            if share {
+                // The second copy of a computes nothing: the first computed it for both.
+                assert_eq!(got[1].tokens.computed, 0, "{family}: {got:?}");
+            } else {
+                assert_eq!(got[1].tokens.computed, got[0].tokens.computed);
+            }
+        }
+    }
+}
+
+#[test]
+fn eviction_keeps_the_budget_and_scores_exact() {
+    let family = "rlhflow";
+    let cases = cases(family);
+    let plain = with_cache(family, 0, true);
+    let per_token = plain.cache_bytes_per_token();
+    let longest = cases.iter().map(|c| c.ids.len()).max().unwrap();
+    // Room for about two traces, and for less than one.
+    for budget in [2 * longest * per_token, longest * per_token / 3] {
+        let cached = with_cache(family, budget, true);
+        let mut worst = 0.0f32;
+        for round in 0..2 {
+            for c in &cases {
+                let (d, _) = compare(&plain, &cached, &[&c.ids], &[&c.positions]);
+                worst = worst.max(d);
+                let cache = cached.cache().unwrap();
+                assert!(
+                    cache.bytes <= budget,
+                    "round {round}: {} > {budget}",
+                    cache.bytes
+                );
+            }
+        }
+        assert!(worst < 1e-5, "budget {budget}: {worst}");
+        assert!(cached.cache().unwrap().evictions > 0 || budget < longest * per_token);
+    }
+}
+
+#[test]
+fn no_cache_and_no_sharing_compute_every_token() {
+    let family = "chat-lm";
+    let cases = cases(family);
+    let rows: Vec<&[u32]> = cases.iter().map(|c| c.ids.as_slice()).collect();
+    let pos: Vec<&[usize]> = cases.iter().map(|c| c.positions.as_slice()).collect();
+    let plain = with_cache(family, 0, true);
+    let none = with_cache(family, 0, false);
+    assert!(plain.cache().is_none());
+    let (d, got) = compare(&plain, &none, &rows, &pos);
+    assert!(d < 1e-5, "{d}");
+    assert!(got.iter().all(|r| r.tokens.reused == 0), "{got:?}");
+    // With sharing, chat-lm's rows share the chat template's opening: reused in the batch.
+    let shared = plain.score_rows(&rows, &pos).unwrap();
+    assert!(
+        shared[1..].iter().all(|r| r.tokens.reused > 0),
+        "{shared:?}"
+    );
+    assert_eq!(shared[0].tokens.reused, 0);
 }

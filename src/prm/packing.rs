@@ -1,85 +1,84 @@
-//! How the decoder lays a batch out: rows packed end to end in one token stream, never padded,
-//! with the leading tokens every row shares computed once.
+//! How the decoder reads keys and values: each query row's context is a list of runs, from the
+//! packed token stream (this batch's segments, never padded) or from the prefix cache.
 
+use super::prefix_cache::Kv;
 use candle_core::{Result, Tensor};
 
-/// A row's own tokens sit at positions `pos0..pos0 + len`; positions `0..pos0` are the batch's
-/// shared prefix, whose tokens sit once at `prefix_start..prefix_start + pos0` of the stream.
-pub(super) struct Seq {
+/// Where a run of positions has its keys and values.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Src<'a> {
+    /// Stream rows from this index on.
+    Stream(usize),
+    /// A cached run, from this offset on.
+    Cached(&'a Kv, usize),
+}
+
+/// Positions `pos..pos + len`, kept in `src`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Run<'a> {
+    pub pos: usize,
+    pub len: usize,
+    pub src: Src<'a>,
+}
+
+/// Keys or values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Which {
+    K,
+    V,
+}
+
+/// Query rows whose own tokens sit at stream rows `start..start + len`, positions
+/// `pos0..pos0 + len`; `context` covers positions `0..pos0`, in order.
+#[derive(Debug, Clone)]
+pub(super) struct Seq<'a> {
     pub start: usize,
     pub len: usize,
     pub pos0: usize,
-    pub prefix_start: usize,
+    pub context: Vec<Run<'a>>,
 }
 
-impl Seq {
-    /// This row's keys (or values) at positions `k_start..k_start + k_len`, from the shared
-    /// prefix and its own tokens: `t` is (1, nkv, stream, hd).
-    pub fn keys(&self, t: &Tensor, k_start: usize, k_len: usize) -> Result<Tensor> {
+impl Seq<'_> {
+    /// Keys (or values) of layer `layer` at positions `k_start..k_start + k_len`, from the
+    /// context and the row's own tokens: `stream` is that layer's (1, nkv, stream, hd).
+    pub fn keys(
+        &self,
+        layer: usize,
+        which: Which,
+        stream: Option<&Tensor>,
+        k_start: usize,
+        k_len: usize,
+    ) -> Result<Tensor> {
         let end = k_start + k_len;
-        let mut parts = Vec::with_capacity(2);
-        if k_start < self.pos0 {
-            let n = self.pos0.min(end) - k_start;
-            parts.push(t.narrow(2, self.prefix_start + k_start, n)?);
-        }
-        let own = k_start.max(self.pos0);
-        if end > own {
-            parts.push(t.narrow(2, self.start + own - self.pos0, end - own)?);
+        let own = Run {
+            pos: self.pos0,
+            len: self.len,
+            src: Src::Stream(self.start),
+        };
+        let mut parts = Vec::with_capacity(self.context.len() + 1);
+        for run in self.context.iter().chain(std::iter::once(&own)) {
+            let (lo, hi) = (run.pos.max(k_start), (run.pos + run.len).min(end));
+            if lo >= hi {
+                continue;
+            }
+            let skip = lo - run.pos;
+            parts.push(match run.src {
+                Src::Stream(at) => {
+                    let t = stream.ok_or_else(|| candle_core::Error::Msg("no stream".into()))?;
+                    t.narrow(2, at + skip, hi - lo)?
+                }
+                Src::Cached(kv, offset) => {
+                    let t = match which {
+                        Which::K => &kv.k[layer],
+                        Which::V => &kv.v[layer],
+                    };
+                    t.narrow(2, offset + skip, hi - lo)?
+                }
+            });
         }
         match parts.len() {
             1 => parts[0].contiguous(),
             _ => Tensor::cat(&parts, 2),
         }
-    }
-}
-
-/// Shortest prefix worth sharing: below it, the per-row copies of its keys cost about what
-/// recomputing it would.
-const MIN_SHARED_PREFIX: usize = 16;
-
-/// How many leading tokens every row that is read shares (at least two such rows), when that is
-/// worth computing once: capped below every read position, so each read lies in its row's own
-/// tokens. Causality makes the prefix's hidden states the same in every row, so sharing is exact.
-/// (chat-lm and the chat-template families open every trace with the same system prompt.)
-pub(super) fn shared_prefix(rows: &[&[u32]], positions: &[&[usize]], lens: &[usize]) -> usize {
-    let live: Vec<usize> = (0..rows.len()).filter(|&i| lens[i] > 0).collect();
-    if live.len() < 2 {
-        return 0;
-    }
-    let first = &rows[live[0]][..lens[live[0]]];
-    let mut shared = live
-        .iter()
-        .flat_map(|&i| positions[i].iter().copied())
-        .min()
-        .unwrap_or(0);
-    for &i in &live[1..] {
-        let row = &rows[i][..lens[i]];
-        shared = shared.min(first.iter().zip(row).take_while(|(a, b)| a == b).count());
-    }
-    if shared >= MIN_SHARED_PREFIX {
-        shared
-    } else {
-        0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shared_prefix_is_the_common_start_below_every_read() {
-        let a: Vec<u32> = (0..40).collect();
-        let mut b = a.clone();
-        b[30] = 999;
-        let (ra, rb): (&[u32], &[u32]) = (&a, &b);
-        let lens = [40, 40];
-        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[35]], &lens), 30);
-        // Capped by the earliest read.
-        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[20]], &lens), 20);
-        // Too short to be worth it, a single row, or a row with nothing to read.
-        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[10]], &lens), 0);
-        assert_eq!(shared_prefix(&[ra], &[&[39]], &[40]), 0);
-        assert_eq!(shared_prefix(&[ra, rb], &[&[39], &[]], &[40, 0]), 0);
     }
 }
