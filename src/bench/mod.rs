@@ -13,6 +13,7 @@ mod grpc;
 mod llama;
 mod procs;
 mod report;
+mod reuse;
 mod scaling;
 
 use crate::eval::{Backend, read_records};
@@ -28,10 +29,22 @@ use std::time::{Duration, Instant};
 /// `retrace bench`: how fast retrace scores traces here, next to llama-server on the same model.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchOptions {
+    /// What to measure, comma-separated: `plain` is the speed table (retrace against
+    /// llama-server on ProcessBench); `tree`, `best-of-n`, `rl-burst` and `processbench` measure
+    /// token reuse (the prefix cache on, off, and no reuse at all) in one run.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "plain")]
+    pub workload: Vec<reuse::Kind>,
+    /// ProcessBench splits beside --data that tree search walks, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "math,olympiadbench")]
+    pub tree_splits: Vec<String>,
+    /// The Best-of-N candidates (JSONL: instruction, question, candidates), for `best-of-n`
+    /// and `rl-burst`; scripts/make-best-of-n.sh regenerates it.
+    #[arg(long, default_value = "bench/best-of-n.jsonl")]
+    pub bon_data: PathBuf,
     /// ProcessBench-shaped traces to score (JSON array or JSONL).
     #[arg(long, default_value = "../shared/data/processbench/gsm8k.json")]
     pub data: PathBuf,
-    /// Score the first N traces of --data.
+    /// Score the first N traces of --data (of each tree split for `tree`).
     #[arg(long, default_value_t = 64)]
     pub limit: usize,
     /// Measured rounds; each round runs every contender at every concurrency, alternating which
@@ -231,11 +244,29 @@ fn cache_dir(opts: &BenchOptions) -> PathBuf {
         .unwrap_or_else(crate::config::env::cache_dir)
 }
 
-/// Runs the benchmark and prints the report.
-pub async fn bench(opts: BenchOptions) -> anyhow::Result<report::Report> {
+/// Runs the benchmark the flags name and prints its report.
+pub async fn bench(opts: BenchOptions) -> anyhow::Result<()> {
     if opts.rounds == 0 || opts.limit == 0 || opts.concurrency.contains(&0) {
         bail!("--rounds, --limit and every --concurrency must be at least 1");
     }
+    if opts.workload == [reuse::Kind::Plain] {
+        return speed(opts).await.map(drop);
+    }
+    if opts.workload.contains(&reuse::Kind::Plain) {
+        bail!("--workload plain is the speed table; run it on its own");
+    }
+    let cache = cache_dir(&opts);
+    let model = opts.model.clone().unwrap_or_else(|| cache.join("smollm2"));
+    let text = reuse::bench(&opts, &opts.workload, &model, &cache).await?;
+    println!("{text}");
+    if let Some(out) = &opts.out {
+        std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
+
+/// The speed table: retrace against llama-server on the same traces.
+async fn speed(opts: BenchOptions) -> anyhow::Result<report::Report> {
     let cache = cache_dir(&opts);
     let model = opts.model.clone().unwrap_or_else(|| cache.join("smollm2"));
     let family = Family::parse(&opts.family)
@@ -259,7 +290,7 @@ pub async fn bench(opts: BenchOptions) -> anyhow::Result<report::Report> {
 
     let mut server = match &opts.server {
         Some(_) => None,
-        None => Some(start_server(&opts, &model, &logs)?),
+        None => Some(start_server(&opts, &model, &logs, "bench").map(|(g, a, _)| (g, a))?),
     };
     let (addr, evaluator) = match (&opts.server, &server) {
         (Some(addr), _) => (addr.clone(), String::new()),
@@ -440,10 +471,16 @@ pub async fn bench(opts: BenchOptions) -> anyhow::Result<report::Report> {
     Ok(report)
 }
 
-/// Starts `retrace serve` (this executable) on 127.0.0.1 with one evaluator, `bench`.
-fn start_server(opts: &BenchOptions, model: &Path, logs: &Path) -> anyhow::Result<(Guard, String)> {
+/// Starts `retrace serve` (this executable) on 127.0.0.1 with one evaluator, `bench`; its
+/// config and log are named after `label`. Returns its gRPC and metrics addresses.
+fn start_server(
+    opts: &BenchOptions,
+    model: &Path,
+    logs: &Path,
+    label: &str,
+) -> anyhow::Result<(Guard, String, String)> {
     let (grpc, metrics, http) = (free_port()?, free_port()?, free_port()?);
-    let config = logs.join("retrace.toml");
+    let config = logs.join(format!("retrace-{label}.toml"));
     std::fs::write(
         &config,
         format!(
@@ -459,8 +496,16 @@ fn start_server(opts: &BenchOptions, model: &Path, logs: &Path) -> anyhow::Resul
     for s in &opts.set {
         cmd.arg("--set").arg(s);
     }
-    let guard = Guard::spawn("retrace serve", cmd, &logs.join("retrace-serve.log"))?;
-    Ok((guard, format!("127.0.0.1:{grpc}")))
+    let guard = Guard::spawn(
+        "retrace serve",
+        cmd,
+        &logs.join(format!("retrace-{label}.log")),
+    )?;
+    Ok((
+        guard,
+        format!("127.0.0.1:{grpc}"),
+        format!("127.0.0.1:{metrics}"),
+    ))
 }
 
 /// Bytes of the checkpoint's weight files: the weights in memory at f32 when they are f32.

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Measures what the front doors cost: direct gRPC, the Python client and OpenRLHF's /get_reward
+# on the same ProcessBench traces and the same model (the embedded SmolLM2 default), at
+# concurrency 64, in one run with alternating rounds (scripts/bench_frontends.py). Builds retrace
+# in release, installs the Python client (and aiohttp for the HTTP driver) into .venv, starts
+# `retrace serve` on free 127.0.0.1 ports, and stops it after.
+#
+# Usage: scripts/bench-frontends.sh [bench_frontends.py flags...]
+#   e.g. scripts/bench-frontends.sh --limit 64 --rounds 3 --out docs/bench-frontends.md
+# Env: RETRACE_CACHE_DIR, CARGO_TARGET_DIR, PROCESSBENCH_DIR.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+DATA="${PROCESSBENCH_DIR:-$ROOT/../shared/data/processbench}/gsm8k.json"
+[ -f "$DATA" ] || DATA=/work/shared/data/processbench/gsm8k.json
+
+scripts/fetch-smollm2.sh
+scripts/setup-python.sh
+if ! .venv/bin/python -c "import retrace_client, aiohttp" 2>/dev/null; then
+  .venv/bin/pip install -q ./clients/python "aiohttp==3.14.*"
+fi
+nice cargo build --release --locked
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/retrace"
+
+port() { .venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+GRPC=$(port); HTTP=$(port); METRICS=$(port)
+LOG="$(mktemp -t retrace-bench-frontends.XXXXXX.log)"
+"$BIN" serve --grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" \
+  --metrics-addr "127.0.0.1:$METRICS" >"$LOG" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 600); do
+  if curl -sf "127.0.0.1:$HTTP/health" >/dev/null 2>&1; then break; fi
+  kill -0 $SERVER 2>/dev/null || { cat "$LOG" >&2; exit 1; }
+  sleep 0.5
+done
+.venv/bin/python scripts/bench_frontends.py --address "127.0.0.1:$GRPC" --http "127.0.0.1:$HTTP" \
+  --data "$DATA" "$@"

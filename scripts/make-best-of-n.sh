@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Regenerates bench/best-of-n.jsonl (the Best-of-N bench workload) from real model output:
+# starts llama-server (scripts/fetch-llama-server.sh builds it) on SmolLM2-135M-Instruct's Q4_1
+# GGUF (scripts/fetch-smollm2.sh fetches it) and samples candidates (scripts/make_best_of_n.py).
+# Takes a few minutes on two cores. Usage: scripts/make-best-of-n.sh [make_best_of_n.py flags]
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+CACHE="${RETRACE_CACHE_DIR:-$HOME/.cache/retrace}"
+DATA="${PROCESSBENCH_DIR:-$ROOT/../shared/data/processbench}/gsm8k.json"
+[ -f "$DATA" ] || DATA=/work/shared/data/processbench/gsm8k.json
+scripts/setup-python.sh
+scripts/fetch-smollm2.sh
+scripts/fetch-llama-server.sh
+PORT=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+LOG="$(mktemp -t llama-bon.XXXXXX.log)"
+# Spinning OpenMP workers starve everything else on a shared machine.
+OMP_WAIT_POLICY=passive "$CACHE/llama-server/bin/llama-server" \
+  -m "$CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf" --host 127.0.0.1 --port "$PORT" \
+  -c 8192 -np 4 -t "$(nproc)" --jinja >"$LOG" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 240); do
+  curl -sf "127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+  kill -0 $SERVER 2>/dev/null || { cat "$LOG" >&2; exit 1; }
+  sleep 0.5
+done
+mkdir -p bench
+.venv/bin/python scripts/make_best_of_n.py --server "http://127.0.0.1:$PORT" --data "$DATA" \
+  --out bench/best-of-n.jsonl "$@"
