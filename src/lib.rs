@@ -10,7 +10,8 @@
 //! - `engine/`: the `Evaluator` trait, the registry, admission, per-evaluator gates (every caller's
 //!   path to an evaluator, a cascade's included), deadlines, readiness watches.
 //! - `prm/`: PRM checkpoints on candle: formats per family, the batcher thread driving a `Scorer`,
-//!   the packed decoder and heads.
+//!   each batch's layout (`plan.rs`), the model thread's prefix cache (`prefix_cache.rs`), the
+//!   packed decoder and heads.
 //! - `judge/`: prompt templates, the reply parser and vote, the OpenAI-compatible client with its
 //!   retries, breaker, rate limit and cache.
 //! - `cascade.rs`: a PRM, then its judge when unsure.
