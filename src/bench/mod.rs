@@ -297,29 +297,16 @@ async fn speed(opts: BenchOptions) -> anyhow::Result<report::Report> {
         (None, Some((_, addr))) => (addr.clone(), "bench".to_string()),
         (None, None) => unreachable!("started above"),
     };
-    let backend = match &mut server {
-        // Our own child: poll, failing at once (with its log) if it dies while loading.
-        Some((guard, _)) => {
-            let started = Instant::now();
-            loop {
-                guard.check_alive()?;
-                match Backend::connect(&addr, None, None, Duration::ZERO).await {
-                    Ok(b) => break b,
-                    Err(e) if started.elapsed() > Duration::from_secs(300) => {
-                        bail!("the retrace server never became SERVING: {e}")
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-                }
-            }
-        }
-        None => Backend::connect(&addr, None, None, Duration::from_secs(60))
+    let client = match &mut server {
+        Some((guard, _)) => connect_child(guard, &addr).await?,
+        None => match Backend::connect(&addr, None, None, Duration::from_secs(60))
             .await
-            .with_context(|| format!("connecting to {addr}"))?,
+            .with_context(|| format!("connecting to {addr}"))?
+        {
+            Backend::Remote { client, .. } => *client,
+            Backend::Local { .. } => bail!("expected a remote backend"),
+        },
     };
-    let Backend::Remote { client, .. } = backend else {
-        bail!("expected a remote backend");
-    };
-    let client = *client;
 
     let llama = if opts.no_llama {
         None
@@ -506,6 +493,26 @@ fn start_server(
         format!("127.0.0.1:{grpc}"),
         format!("127.0.0.1:{metrics}"),
     ))
+}
+
+/// Connects to our own child server once it is SERVING, failing at once (with its log) if it
+/// dies while loading.
+async fn connect_child(
+    guard: &mut Guard,
+    addr: &str,
+) -> anyhow::Result<crate::api::pb::evaluator_client::EvaluatorClient<tonic::transport::Channel>> {
+    let started = Instant::now();
+    loop {
+        guard.check_alive()?;
+        match Backend::connect(addr, None, None, Duration::ZERO).await {
+            Ok(Backend::Remote { client, .. }) => return Ok(*client),
+            Ok(Backend::Local { .. }) => bail!("expected a remote backend"),
+            Err(e) if started.elapsed() > Duration::from_secs(300) => {
+                bail!("the retrace server never became SERVING: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
 }
 
 /// Bytes of the checkpoint's weight files: the weights in memory at f32 when they are f32.

@@ -12,7 +12,7 @@ use super::llama::LlamaServer;
 use super::procs::Guard;
 use super::{BenchOptions, BenchTrace, Workload};
 use crate::api::pb;
-use crate::eval::{Backend, read_records};
+use crate::eval::read_records;
 use anyhow::{Context, bail};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -142,7 +142,11 @@ pub async fn bench(
                 0 => "Warm-up.".to_string(),
                 r => format!("Round {r}."),
             };
-            let (jobs, traces) = jobs(opts, kind, &marker, &fits)?;
+            let (mut jobs, mut traces) = jobs(opts, kind, &marker, &fits)?;
+            if round == 0 {
+                jobs.truncate(2);
+                traces.traces.truncate(2);
+            }
             let traces = Arc::new(traces);
             let n = contenders.len();
             for i in 0..n {
@@ -199,23 +203,10 @@ async fn start(opts: &BenchOptions, model: &Path, logs: &Path, who: Who) -> anyh
     let mut opts = opts.clone();
     opts.set.extend(who.sets().iter().map(|s| s.to_string()));
     let (mut guard, addr, metrics) = super::start_server(&opts, model, logs, label)?;
-    let started = Instant::now();
-    let backend = loop {
-        guard.check_alive()?;
-        match Backend::connect(&addr, None, None, Duration::ZERO).await {
-            Ok(b) => break b,
-            Err(e) if started.elapsed() > Duration::from_secs(300) => {
-                bail!("the retrace server never became SERVING: {e}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    };
-    let Backend::Remote { client, .. } = backend else {
-        bail!("expected a remote backend");
-    };
+    let client = super::connect_child(&mut guard, &addr).await?;
     Ok(Server {
         guard,
-        client: *client,
+        client,
         metrics: format!("http://{metrics}/metrics"),
     })
 }

@@ -215,7 +215,15 @@ impl PrefixCache {
             pins: 0,
             bytes,
         };
-        let id = match self.free.pop() {
+        let id = self.alloc(node);
+        self.node_mut(at).children.insert(tokens[pos], id);
+        self.bytes += bytes;
+        Ok(true)
+    }
+
+    /// Stores `node` in a free slot, or a new one.
+    fn alloc(&mut self, node: Node) -> usize {
+        match self.free.pop() {
             Some(id) => {
                 self.nodes[id] = Some(node);
                 id
@@ -224,10 +232,7 @@ impl PrefixCache {
                 self.nodes.push(Some(node));
                 self.nodes.len() - 1
             }
-        };
-        self.node_mut(at).children.insert(tokens[pos], id);
-        self.bytes += bytes;
-        Ok(true)
+        }
     }
 
     /// Splits node `id` after `at` tokens: a new parent holds the first `at`, `id` keeps the
@@ -256,16 +261,7 @@ impl PrefixCache {
             pins: 0,
             bytes: head_bytes,
         };
-        let head_id = match self.free.pop() {
-            Some(h) => {
-                self.nodes[h] = Some(head);
-                h
-            }
-            None => {
-                self.nodes.push(Some(head));
-                self.nodes.len() - 1
-            }
-        };
+        let head_id = self.alloc(head);
         let node = self.node_mut(id);
         node.tokens.drain(..at);
         node.kv = Some(Arc::new(tail_kv));

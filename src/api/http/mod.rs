@@ -224,42 +224,54 @@ fn refuse(rpc: &'static str, arrived: Instant, failure: Failure) -> Response {
     failure.into_response()
 }
 
-async fn evaluate(State(http): State<Arc<Http>>, headers: HeaderMap, body: Bytes) -> Response {
-    const RPC: &str = "/v1/evaluate";
+/// A gRPC method over JSON: admits, parses `Req`, runs it, answers `Resp`, counted under `rpc`.
+async fn json_call<Req, Resp, Fut>(
+    rpc: &'static str,
+    http: &Http,
+    headers: &HeaderMap,
+    body: &[u8],
+    evaluator: impl Fn(&Req) -> &str,
+    run: impl FnOnce(Req, Option<Instant>, Instant) -> Fut,
+) -> Response
+where
+    Req: serde::de::DeserializeOwned,
+    Resp: Serialize,
+    Fut: Future<Output = Result<Resp, EngineError>>,
+{
     let arrived = Instant::now();
-    let prepared = http.admit(&headers, arrived).and_then(|deadline| {
-        parse::<pb::EvaluateRequest>(&body).map(|request| (deadline, request))
-    });
+    let prepared = http
+        .admit(headers, arrived)
+        .and_then(|deadline| parse::<Req>(body).map(|request| (deadline, request)));
     let (deadline, request) = match prepared {
         Ok(p) => p,
-        Err(f) => return refuse(RPC, arrived, f),
+        Err(f) => return refuse(rpc, arrived, f),
     };
-    let evaluator = label(&http.engine, &request.evaluator);
-    answer(
-        RPC,
-        evaluator,
-        arrived,
-        super::evaluate_one(&http.engine, request, deadline, arrived),
+    let label = label(&http.engine, evaluator(&request));
+    answer(rpc, label, arrived, run(request, deadline, arrived)).await
+}
+
+async fn evaluate(State(http): State<Arc<Http>>, headers: HeaderMap, body: Bytes) -> Response {
+    let engine = &http.engine;
+    json_call(
+        "/v1/evaluate",
+        &http,
+        &headers,
+        &body,
+        |r: &pb::EvaluateRequest| &r.evaluator,
+        |r, deadline, arrived| super::evaluate_one(engine, r, deadline, arrived),
     )
     .await
 }
 
 async fn rank(State(http): State<Arc<Http>>, headers: HeaderMap, body: Bytes) -> Response {
-    const RPC: &str = "/v1/rank";
-    let arrived = Instant::now();
-    let prepared = http
-        .admit(&headers, arrived)
-        .and_then(|deadline| parse::<pb::RankRequest>(&body).map(|request| (deadline, request)));
-    let (deadline, request) = match prepared {
-        Ok(p) => p,
-        Err(f) => return refuse(RPC, arrived, f),
-    };
-    let evaluator = label(&http.engine, &request.evaluator);
-    answer(
-        RPC,
-        evaluator,
-        arrived,
-        super::rank(&http.engine, request, deadline, arrived),
+    let engine = &http.engine;
+    json_call(
+        "/v1/rank",
+        &http,
+        &headers,
+        &body,
+        |r: &pb::RankRequest| &r.evaluator,
+        |r, deadline, arrived| super::rank(engine, r, deadline, arrived),
     )
     .await
 }
