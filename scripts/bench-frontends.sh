@@ -26,8 +26,10 @@ BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/retrace"
 port() { .venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 GRPC=$(port); HTTP=$(port); METRICS=$(port)
 LOG="$(mktemp -t retrace-bench-frontends.XXXXXX.log)"
+# The prefix cache off: every contender scores the same traces, and with it on only the first
+# would compute them.
 "$BIN" serve --grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" \
-  --metrics-addr "127.0.0.1:$METRICS" >"$LOG" 2>&1 &
+  --metrics-addr "127.0.0.1:$METRICS" --set evaluator.smollm2.prefix_cache_mb=0 >"$LOG" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 600); do
