@@ -17,7 +17,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .preserve_proto_field_names()
         .emit_fields()
         .build(&[".retrace.v1"])?;
+    // prost's codec, except that a request which does not decode is INVALID_ARGUMENT naming it,
+    // not INTERNAL (src/api/codec.rs).
     tonic_prost_build::configure()
+        .codec_path("crate::api::codec::ProtoCodec")
         .build_client(true)
         .build_server(true)
         .type_attribute(".", "#[allow(clippy::all)]")

@@ -6,7 +6,8 @@
 //!
 //! # Layout
 //! - `api/`: the tonic service and the HTTP/JSON edge (`api/http/`: OpenRLHF's `/get_reward`,
-//!   proto3 JSON at `/v1/...`); proto <-> domain at the edge; the one error -> status table.
+//!   proto3 JSON at `/v1/...`); proto <-> domain at the edge; the one error -> status table; the
+//!   codec and the layer that answer a request tonic can't read as bad input.
 //! - `engine/`: the `Evaluator` trait, the registry, admission, per-evaluator gates (every caller's
 //!   path to an evaluator, a cascade's included), deadlines, readiness watches.
 //! - `prm/`: PRM checkpoints on candle: formats per family, the batcher thread driving a `Scorer`,
@@ -40,7 +41,7 @@ pub mod score;
 mod segment;
 pub mod trace;
 
-use crate::api::{BearerAuth, EvaluatorService, pb};
+use crate::api::{BearerAuth, EvaluatorService, Readable, pb};
 use crate::config::{Config, ConfigError, KindConfig};
 use crate::engine::{Engine, EngineError, EvaluatorLoader};
 use std::future::Future;
@@ -236,7 +237,8 @@ fn grpc_server(
         impl tonic_health::pb::health_server::Health,
     >,
 ) -> Result<tonic::transport::server::Router, ServeError> {
-    let evaluator = EvaluatorService::new(engine).into_server();
+    // A request tonic cannot read is answered as bad input, not as our bug (src/api/unreadable.rs).
+    let evaluator = Readable(EvaluatorService::new(engine).into_server());
     let auth = BearerAuth::new(config.auth_tokens()?);
     let reflection = |b: tonic_reflection::server::Builder<'static>| {
         b.register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)

@@ -5,10 +5,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use retrace::config::{Config, ServerFlags};
 use std::path::PathBuf;
 
-/// A large batch allocates activations of tens of MiB per op; glibc malloc serves those with
-/// fresh mmaps (a page fault and a zeroed page per 4 KiB, every time), mimalloc from reused memory.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+mod alloc;
 
 #[derive(Parser)]
 #[command(
@@ -88,9 +85,14 @@ fn init_logs(format: LogFormat) {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    alloc::runtime()
+        .context("starting the tokio runtime")?
+        .block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Eval(opts) => retrace::eval::eval(opts)
             .await
@@ -123,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
             };
             let s = &config.server;
             tracing::info!(grpc = %s.grpc_addr, http = %s.http_addr, metrics = %s.metrics_addr, "listening");
+            alloc::spawn_idle_trim().context("starting the idle-trim thread")?;
             retrace::run(config, listeners, retrace::shutdown_signal()).await?;
             tracing::info!("stopped");
             Ok(())

@@ -3,6 +3,7 @@
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 pub const REQUESTS: &str = "retrace_requests_total";
@@ -215,6 +216,7 @@ pub fn record_request(
         .increment(1);
     histogram!(REQUEST_DURATION, "rpc" => rpc, "evaluator" => evaluator)
         .record(elapsed.as_secs_f64());
+    ACTIVITY_FINISHED.fetch_add(1, Ordering::Relaxed);
 }
 
 pub fn record_stage(evaluator: &str, stage: Stage, elapsed: Duration) {
@@ -224,6 +226,28 @@ pub fn record_stage(evaluator: &str, stage: Stage, elapsed: Duration) {
 
 pub fn in_flight(delta: f64) {
     gauge!(IN_FLIGHT).increment(delta);
+    // Request counts are whole numbers; the f64 is the gauge's type.
+    ACTIVITY_IN_FLIGHT.fetch_add(delta as i64, Ordering::Relaxed);
+}
+
+static ACTIVITY_IN_FLIGHT: AtomicI64 = AtomicI64::new(0);
+static ACTIVITY_FINISHED: AtomicU64 = AtomicU64::new(0);
+
+/// What the server is doing, read back without the exporter: for the binary's idle work (its
+/// allocator hands free memory back once requests stop; see src/alloc.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    /// Requests admitted and not yet answered (`retrace_in_flight_requests`).
+    pub in_flight: i64,
+    /// Requests finished since start, any RPC or route and any outcome.
+    pub finished: u64,
+}
+
+pub fn activity() -> Activity {
+    Activity {
+        in_flight: ACTIVITY_IN_FLIGHT.load(Ordering::Relaxed),
+        finished: ACTIVITY_FINISHED.load(Ordering::Relaxed),
+    }
 }
 
 pub fn queue_depth(evaluator: &str, delta: f64) {

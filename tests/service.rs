@@ -381,7 +381,14 @@ async fn a_broken_request_stream_answers_what_it_accepted_then_fails() {
     assert!(
         status
             .message()
-            .starts_with("request stream: item 3 could not be read"),
+            .starts_with("request stream: item 3 could not be read (message of "),
+        "{}",
+        status.message()
+    );
+    assert!(
+        status
+            .message()
+            .contains(" bytes exceeds the 4 MiB limit); the 3 before it were answered"),
         "{}",
         status.message()
     );

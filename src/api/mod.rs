@@ -2,13 +2,16 @@
 //! except through `pb` for clients.
 
 mod auth;
+mod codec;
 mod convert;
 pub mod http;
 mod status;
+mod unreadable;
 
 pub use auth::BearerAuth;
 pub use convert::{category_from_pb, parse_grpc_timeout, parse_with_question};
 pub use status::{outcome, to_status};
+pub use unreadable::Readable;
 
 use crate::engine::{Engine, EngineError, Request as EngineRequest};
 use crate::metrics;
@@ -156,14 +159,15 @@ fn error_response(id: String, evaluator: String, e: &EngineError) -> pb::Evaluat
 }
 
 /// The status a response stream ends with when its request stream breaks (an undecodable or
-/// oversized item): INVALID_ARGUMENT, as the table has it for bad input, saying where it broke.
+/// oversized item): INVALID_ARGUMENT, as the table has it for bad input, saying where it broke
+/// and, in the words a unary call gets, why.
 fn stream_broke(accepted: usize, status: &Status) -> Status {
+    let why = unreadable::reason(status)
+        .unwrap_or_else(|| format!("{:?}: {}", status.code(), status.message()));
     to_status(&EngineError::invalid(
         "request stream",
         format!(
-            "item {accepted} could not be read ({:?}: {}); the {accepted} before it were answered",
-            status.code(),
-            status.message()
+            "item {accepted} could not be read ({why}); the {accepted} before it were answered"
         ),
     ))
 }

@@ -349,3 +349,34 @@ pub fn processbench(split: &str) -> std::path::PathBuf {
     );
     path
 }
+
+/// A process's resident set (VmRSS) in KiB, from /proc.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("a VmRSS line")
+}
+
+/// A config file serving the committed tiny PRM as `tiny` (family qwen2-math-prm), with
+/// `server_extra` lines under `[server]`; written under a fresh temporary folder.
+pub fn tiny_prm_config(tag: &str, server_extra: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("retrace-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny/qwen2-math-prm");
+    let path = dir.join("retrace.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\n{server_extra}\n[[evaluator]]\nname = \"tiny\"\nkind = \"prm\"\n\
+             family = \"qwen2-math-prm\"\nmodel = {:?}\n",
+            model.display().to_string()
+        ),
+    )
+    .unwrap();
+    path
+}
