@@ -162,6 +162,7 @@ pub async fn serve(
 
     // Shutting down: tell load balancers first, then stop accepting and drain.
     health.set(ServingStatus::NotServing).await;
+    health.end_watches().await;
     stop.fire();
     let grace = Duration::from_secs_f64(config.server.shutdown_grace_s);
     tracing::info!(
@@ -316,6 +317,19 @@ impl Health {
             self.set(status).await;
             self.serving = ready;
         }
+    }
+
+    /// Ends every health Watch stream once it has carried the last status: a Watch never ends by
+    /// itself, gRPC clients with health checking hold one per connection, and the drain waits
+    /// for every open stream, so one would hold the exit for the whole grace period. A Check
+    /// during the drain gets NOT_FOUND; new connections are refused by then anyway.
+    async fn end_watches(&mut self) {
+        self.reporter.clear_service_status("").await;
+        self.reporter
+            .clear_service_status(
+                <pb::evaluator_server::EvaluatorServer<EvaluatorService> as tonic::server::NamedService>::NAME,
+            )
+            .await;
     }
 
     async fn set(&self, status: ServingStatus) {

@@ -602,13 +602,17 @@ async fn health_follows_loading_and_shutdown_and_reflection_lists_services() {
         2,
         "NOT_SERVING once shutdown begins"
     );
-    // An open Watch stream would hold the drain for the whole grace period.
-    drop((watch, health, c, r1, ra, channel));
+    // The Watch ends after NOT_SERVING instead of holding the drain for the whole grace period
+    // (30 s here), as it did while it stayed open.
+    let end = tokio::time::timeout(Duration::from_secs(5), watch.next()).await;
+    assert!(matches!(end, Ok(None)), "the Watch ends after NOT_SERVING");
+    drop((health, c, r1, ra, channel));
     tokio::time::timeout(Duration::from_secs(5), s.handle)
         .await
-        .expect("drained")
+        .expect("drained with a health Watch open")
         .unwrap()
         .unwrap();
+    drop(watch);
 }
 
 #[tokio::test]
