@@ -308,13 +308,17 @@ async fn overload_at_twice_the_sustainable_rate() {
     // Admitted requests finish inside their deadline.
     assert_eq!(load.deadline, 0, "admitted requests past their deadline");
     assert!(ms_quantile(&load.admitted, 0.99) < DEADLINE.as_secs_f64() * 1e3);
-    // Refused at once: a refusal waits for no slot. Its p99 stays under the time one admitted
-    // request takes at the median, which a refusal that queued for a slot could not.
+    // Refused at once: a refusal waits for no slot. A refusal that queued for one would wait
+    // about as long as an admitted request takes, so the refusals' median stays far under the
+    // admitted median. The median, not the tail: the client's own tasks share these two cores
+    // with the server, and a refusal's p99 on a loaded CI machine measures the scheduler.
+    let (refused_p50, admitted_p50) = (
+        ms_quantile(&load.refused, 0.5),
+        ms_quantile(&load.admitted, 0.5),
+    );
     assert!(
-        ms_quantile(&load.refused, 0.99) < ms_quantile(&load.admitted, 0.5),
-        "refusals p99 {} ms against admitted p50 {} ms",
-        ms_quantile(&load.refused, 0.99),
-        ms_quantile(&load.admitted, 0.5)
+        refused_p50 * 4.0 < admitted_p50,
+        "refusals p50 {refused_p50} ms against admitted p50 {admitted_p50} ms"
     );
     // Bounded memory: at most MAX_IN_FLIGHT requests are held, so overload costs what 4
     // admitted traces and the refusals' transport buffers cost, not what the offered load
