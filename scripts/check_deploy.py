@@ -322,7 +322,11 @@ def slug(heading):
 
 def cmd_runbooks(args):
     docs = load_docs(args.rendered)
-    anchors = {slug(m.group(1)) for line in Path(args.readme).read_text().splitlines() if (m := README_HEADING.match(line))}
+    anchors, fenced = set(), False
+    for line in Path(args.readme).read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and (m := README_HEADING.match(line)):
+            anchors.add(slug(m.group(1)))
     problems = []
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     for g in rule["spec"]["groups"]:
