@@ -168,12 +168,53 @@ def reference_problems(docs, label):
     return [f"{label}: {p}" for p in problems]
 
 
+def dashboard_problems(dash):
+    """Grafana ships no offline validator: check what breaks a dashboard silently instead (ids,
+    refIds, the grid, variables a query names but the dashboard lacks)."""
+    problems, ids, cells = [], set(), {}
+    variables = {v["name"] for v in dash["templating"]["list"]} | {"__rate_interval", "__interval"}
+    for key in ("uid", "title", "panels", "schemaVersion"):
+        if key not in dash:
+            problems.append(f"no {key}")
+    for p in dash["panels"]:
+        if p["id"] in ids:
+            problems.append(f"panel id {p['id']} twice")
+        ids.add(p["id"])
+        g = p["gridPos"]
+        if g["x"] + g["w"] > 24:
+            problems.append(f"panel {p['title']!r} overflows the 24-column grid")
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                if (x, y) in cells:
+                    problems.append(f"panel {p['title']!r} overlaps {cells[(x, y)]!r}")
+                    break
+                cells[(x, y)] = p["title"]
+            else:
+                continue
+            break
+        refs = [t["refId"] for t in p.get("targets", [])]
+        if len(refs) != len(set(refs)):
+            problems.append(f"panel {p['title']!r} repeats a refId")
+        if p["type"] != "row" and not refs:
+            problems.append(f"panel {p['title']!r} has no query")
+        for t in p.get("targets", []):
+            for v in re.findall(r"\$\{?(\w+)", t["expr"]):
+                if v not in variables:
+                    problems.append(f"panel {p['title']!r} uses undefined variable ${v}")
+    return problems
+
+
 def cmd_manifests(args):
     problems = []
     for path in args.rendered:
         docs = load_docs(path)
         problems += schema_problems(docs, Path(path).stem)
         problems += reference_problems(docs, Path(path).stem)
+        dash = dashboard(docs)
+        found = dashboard_problems(dash)
+        problems += [f"{Path(path).stem}: dashboard: {p}" for p in found]
+        if not found:
+            print(f"ok   dashboard {Path(path).stem}: {len(dash['panels'])} panels, ids, grid and variables consistent")
     fail(problems, "manifests")
 
 
