@@ -331,7 +331,7 @@ def cmd_metrics(args):
     exprs += [(w, grafana_to_promql(e)) for w, e in dashboard_exprs(dashboard(docs))]
     exprs += adapter_exprs(args.adapter)
     for hpa in (d for d in docs if d["kind"] == "HorizontalPodAutoscaler"):
-        exprs += [(f"HPA metric", m["pods"]["metric"]["name"]) for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+        exprs += [("HPA metric", m["pods"]["metric"]["name"]) for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
     samples, types = exported(Path(args.scrape).read_text())
     problems, used = [], set()
     for where, expr in exprs:
