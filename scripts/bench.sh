@@ -14,12 +14,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 CACHE="${RETRACE_CACHE_DIR:-$HOME/.cache/retrace}"
-GGUF_Q="$CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_Q="$CACHE/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_F32="$CACHE/bench/SmolLM2-135M-Instruct.f32.gguf"
 DATA="${PROCESSBENCH_DIR:-$ROOT/../shared/data/processbench}/gsm8k.json"
 [ -f "$DATA" ] || DATA=/work/shared/data/processbench/gsm8k.json
 
-scripts/fetch-smollm2.sh
+scripts/fetch-smollm2.sh --f32
 scripts/fetch-llama-server.sh
 if [ ! -s "$GGUF_F32" ]; then
   scripts/setup-python.sh

@@ -16,7 +16,7 @@ PORT=$(.venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1
 LOG="$(mktemp -t llama-bon.XXXXXX.log)"
 # Spinning OpenMP workers starve everything else on a shared machine.
 OMP_WAIT_POLICY=passive "$CACHE/llama-server/bin/llama-server" \
-  -m "$CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf" --host 127.0.0.1 --port "$PORT" \
+  -m "$CACHE/gguf/SmolLM2-135M-Instruct.Q4_1.gguf" --host 127.0.0.1 --port "$PORT" \
   -c 8192 -np 4 -t "$(nproc)" --jinja >"$LOG" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT

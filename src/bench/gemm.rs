@@ -26,6 +26,17 @@ pub struct Peak {
 
 impl Shapes {
     pub fn load(folder: &Path) -> anyhow::Result<Shapes> {
+        if crate::prm::model::is_gguf(folder) {
+            let c = crate::prm::gguf_config(folder).map_err(anyhow::Error::msg)?;
+            return Ok(Shapes {
+                hidden_size: c.hidden_size,
+                intermediate_size: c.intermediate_size,
+                num_hidden_layers: c.num_hidden_layers,
+                num_attention_heads: c.num_attention_heads,
+                num_key_value_heads: c.num_key_value_heads,
+                head_dim: c.head_dim,
+            });
+        }
         let text = std::fs::read_to_string(folder.join("config.json"))?;
         Ok(serde_json::from_str(&text)?)
     }

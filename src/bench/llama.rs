@@ -23,17 +23,19 @@ pub struct LlamaServer {
 }
 
 impl LlamaServer {
-    /// Starts `bin` on `gguf`, 127.0.0.1 only, with `parallel` slots of `ctx` tokens each and
-    /// `threads` threads, and waits for /health.
+    /// Starts `bin` on `gguf`, 127.0.0.1 only, with `parallel` slots of `ctx` tokens each, the
+    /// threads, alternatives and extra arguments `opts` asks for, and waits for /health.
     pub async fn start(
         bin: &Path,
         gguf: &Path,
         parallel: usize,
         ctx: usize,
-        threads: usize,
-        top_logprobs: usize,
+        opts: &super::BenchOptions,
         log: &Path,
     ) -> anyhow::Result<LlamaServer> {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = opts.llama_threads.unwrap_or(cores);
+        let top_logprobs = opts.llama_top_logprobs;
         if !bin.is_file() {
             bail!(
                 "no llama-server at {} (build it with scripts/fetch-llama-server.sh, or pass \
@@ -58,6 +60,7 @@ impl LlamaServer {
             .args(["-np", &parallel.to_string()])
             .args(["-t", &threads.to_string()])
             .arg("--jinja")
+            .args(&opts.llama_args)
             // Spinning OpenMP workers starve everything else on a shared machine.
             .env("OMP_WAIT_POLICY", "passive");
         let mut guard = Guard::spawn("llama-server", cmd, log)?;

@@ -86,6 +86,10 @@ pub struct BenchOptions {
     /// counted as a miss in the report.
     #[arg(long, default_value_t = 200)]
     pub llama_top_logprobs: usize,
+    /// Extra llama-server arguments, repeatable: e.g. `--llama-arg=-ctk --llama-arg=f32` for an
+    /// f32 KV cache (its default is f16).
+    #[arg(long = "llama-arg", allow_hyphen_values = true)]
+    pub llama_args: Vec<String>,
     /// Skip the llama-server contender (retrace and the matmul peak only).
     #[arg(long)]
     pub no_llama: bool,
@@ -319,7 +323,6 @@ async fn speed(opts: BenchOptions) -> anyhow::Result<report::Report> {
             .llama_gguf
             .clone()
             .unwrap_or_else(|| cache.join("bench/SmolLM2-135M-Instruct.f32.gguf"));
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let longest = work.traces.iter().map(|t| t.tokens).max().unwrap_or(0);
         // Room for the longest conversation plus template drift, rounded up.
         let ctx = (longest + 256).next_multiple_of(256);
@@ -331,8 +334,7 @@ async fn speed(opts: BenchOptions) -> anyhow::Result<report::Report> {
                 &gguf,
                 parallel,
                 ctx,
-                opts.llama_threads.unwrap_or(cores),
-                opts.llama_top_logprobs,
+                &opts,
                 &logs.join("llama-server.log"),
             )
             .await?,
@@ -517,6 +519,9 @@ async fn connect_child(
 
 /// Bytes of the checkpoint's weight files: the weights in memory at f32 when they are f32.
 fn weight_bytes(folder: &Path) -> anyhow::Result<u64> {
+    if folder.is_file() {
+        return Ok(folder.metadata()?.len());
+    }
     let mut total = 0;
     for entry in std::fs::read_dir(folder)? {
         let entry = entry?;

@@ -190,9 +190,13 @@ impl Report {
         let w = &self.work;
         let _ = writeln!(
             s,
-            "{} as `{}` (f32), {} traces of {} ({} tokens, {} steps), {} round(s), medians; {}.\n",
+            "{} as `{}` ({}), {} traces of {} ({} tokens, {} steps), {} round(s), medians; {}.\n",
             self.model,
             self.family,
+            match self.model.ends_with(".gguf") {
+                true => "GGUF: quantized weights, f32 activations",
+                false => "f32",
+            },
             w.traces.len(),
             self.data.display(),
             w.tokens,
@@ -291,9 +295,17 @@ impl Report {
             same_first += usize::from(first(a) == first(b));
         }
         let max = diffs.iter().copied().fold(0.0, f64::max);
+        let close = diffs.iter().filter(|d| **d <= 5e-3).count();
+        let mut sorted = diffs.clone();
+        sorted.sort_by(f64::total_cmp);
+        let p90 = sorted
+            .get((sorted.len() * 9 / 10).min(sorted.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0);
         format!(
-            "- Sanity check, same traces: step scores differ by median {:.2e}, max {:.2e} over \
-             {} steps; the first step under 0.5 agrees on {same_first}/{traces} traces. \
+            "- Sanity check, same traces: step scores differ by median {:.2e}, p90 {p90:.2e}, max \
+             {:.2e} over {} steps ({close} within 5e-3); the first step under 0.5 agrees on \
+             {same_first}/{traces} traces. \
              llama-server's '+' or '-' fell outside its top {} logprobs on {} step(s) (scored as \
              probability 0).\n",
             median(diffs.clone()),

@@ -224,15 +224,13 @@ async fn start_llama(
         .llama_gguf
         .clone()
         .unwrap_or_else(|| cache.join("bench/SmolLM2-135M-Instruct.f32.gguf"));
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     eprintln!("bench: starting llama-server ({})", bin.display());
     LlamaServer::start(
         &bin,
         &gguf,
         Kind::Tree.concurrency(),
         4096,
-        opts.llama_threads.unwrap_or(cores),
-        opts.llama_top_logprobs,
+        opts,
         &logs.join("llama-server.log"),
     )
     .await

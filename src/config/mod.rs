@@ -32,6 +32,9 @@ pub const MAX_GRACE_S: f64 = 3600.0;
 
 /// The embedded default: SmolLM2-135M-Instruct as a zero-shot chat-lm PRM, from the cache folder.
 const EMBEDDED_NAME: &str = "smollm2";
+/// Where scripts/fetch-smollm2.sh puts the default's checkpoint, under the cache folder: served
+/// quantized as it is, its tokenizer rebuilt from the file.
+const EMBEDDED_GGUF: &str = "gguf/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -193,7 +196,7 @@ impl Config {
             Family::ChatLm.as_str()
         );
         let mut config = Config::parse_with(&text, "embedded default", sets, flags)?;
-        let folder = config.server.cache_dir.join(EMBEDDED_NAME);
+        let folder = config.server.cache_dir.join(EMBEDDED_GGUF);
         for e in &mut config.evaluators {
             if let KindConfig::Prm(p) = &mut e.kind
                 && e.name == EMBEDDED_NAME

@@ -31,7 +31,17 @@ pub fn check(e: &EvaluatorConfig, all: &[EvaluatorConfig]) -> Result<(), String>
 
 fn check_prm(p: &PrmConfig) -> Result<(), String> {
     if p.model.trim().is_empty() {
-        return Err("model must name a checkpoint folder".into());
+        return Err("model must name a checkpoint folder or .gguf file".into());
+    }
+    let gguf = std::path::Path::new(&p.model)
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if gguf && p.dtype.is_some_and(|d| d != super::evaluator::Dtype::F32) {
+        return Err(
+            "dtype: a .gguf model runs its quantized weights with f32 activations, as \
+             llama.cpp does; leave dtype out or set it to \"f32\""
+                .into(),
+        );
     }
     if p.max_batch_size == 0 {
         return Err("max_batch_size must be at least 1".into());

@@ -360,7 +360,10 @@ fn the_embedded_default_serves_smollm2_from_the_cache_folder() {
     };
     assert_eq!(c.evaluators[0].name, "smollm2");
     assert_eq!(p.family, Family::ChatLm);
-    assert_eq!(p.model, "/models/cache/smollm2");
+    assert_eq!(
+        p.model,
+        "/models/cache/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
+    );
 }
 
 #[test]

@@ -7,12 +7,14 @@
 //! that skip the masked upper triangle and keep score memory bounded. The last layer runs attention queries and the MLP only for the gathered
 //! rows, since nothing else of it is read.
 
+use super::gguf::Gguf;
+use super::layers::{Emb, Lin};
 use super::model_config::ModelConfig;
 use super::packing::{Run, Seq, Src, Which};
 use super::plan::{self, Layout};
 use super::prefix_cache::{Hit, Kv};
 use candle_core::{D, DType, Device, Module, Result, Tensor};
-use candle_nn::{Embedding, Linear, RmsNorm, VarBuilder, rotary_emb::rope};
+use candle_nn::{RmsNorm, VarBuilder, rotary_emb::rope};
 
 /// Bytes of f32 attention scores one query chunk may take; longer inputs are split into chunks
 /// of query rows so memory grows as L * chunk instead of L * L.
@@ -25,10 +27,10 @@ const SCORES_BUDGET_BYTES: usize = 256 << 20;
 const QUERY_BLOCK: usize = 128;
 
 struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
+    q_proj: Lin,
+    k_proj: Lin,
+    v_proj: Lin,
+    o_proj: Lin,
     n_heads: usize,
     n_kv: usize,
     head_dim: usize,
@@ -36,9 +38,9 @@ struct Attention {
 }
 
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    gate_proj: Lin,
+    up_proj: Lin,
+    down_proj: Lin,
 }
 
 struct Layer {
@@ -62,7 +64,7 @@ pub struct Output {
 }
 
 pub struct Decoder {
-    embed_tokens: Embedding,
+    embed_tokens: Emb,
     layers: Vec<Layer>,
     norm: RmsNorm,
     rope: Rope,
@@ -122,11 +124,22 @@ struct Chunk {
 }
 
 /// A linear layer whose bias is loaded when the checkpoint has one (or the config says so, in which
-/// case a missing tensor is an error).
-fn linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
+/// case a missing tensor is an error). A GGUF's quantized matrix stays quantized; its bias is f32.
+fn linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder, q: Q) -> Result<Lin> {
     let bias = bias || vb.contains_tensor("bias");
-    candle_nn::linear_b(in_dim, out_dim, bias, vb)
+    if let Some(w) = q
+        .map(|g| g.qmatmul(&format!("{}.weight", vb.prefix()), vb.device()))
+        .transpose()?
+        .flatten()
+    {
+        let b = bias.then(|| vb.get(out_dim, "bias")).transpose()?;
+        return Ok(Lin::Quant { w, b });
+    }
+    Ok(Lin::Full(candle_nn::linear_b(in_dim, out_dim, bias, vb)?))
 }
+
+/// Where quantized matrices come from: a GGUF, or nowhere (safetensors load in full).
+type Q<'a> = Option<&'a Gguf>;
 
 impl Rope {
     fn new(cfg: &ModelConfig, dtype: DType, dev: &Device) -> Result<Self> {
@@ -208,7 +221,7 @@ impl Plan {
 }
 
 impl Attention {
-    fn new(cfg: &ModelConfig, layer: usize, vb: VarBuilder) -> Result<Self> {
+    fn new(cfg: &ModelConfig, layer: usize, vb: VarBuilder, q: Q) -> Result<Self> {
         let (h, hd, nh, nkv) = (
             cfg.hidden_size,
             cfg.head_dim(),
@@ -217,10 +230,10 @@ impl Attention {
         );
         let qkv_bias = cfg.attention_bias;
         Ok(Self {
-            q_proj: linear(h, nh * hd, qkv_bias, vb.pp("q_proj"))?,
-            k_proj: linear(h, nkv * hd, qkv_bias, vb.pp("k_proj"))?,
-            v_proj: linear(h, nkv * hd, qkv_bias, vb.pp("v_proj"))?,
-            o_proj: linear(nh * hd, h, false, vb.pp("o_proj"))?,
+            q_proj: linear(h, nh * hd, qkv_bias, vb.pp("q_proj"), q)?,
+            k_proj: linear(h, nkv * hd, qkv_bias, vb.pp("k_proj"), q)?,
+            v_proj: linear(h, nkv * hd, qkv_bias, vb.pp("v_proj"), q)?,
+            o_proj: linear(nh * hd, h, false, vb.pp("o_proj"), q)?,
             n_heads: nh,
             n_kv: nkv,
             head_dim: hd,
@@ -334,12 +347,12 @@ fn rope_apply(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 }
 
 impl Mlp {
-    fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+    fn new(cfg: &ModelConfig, vb: VarBuilder, q: Q) -> Result<Self> {
         let (h, i, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
         Ok(Self {
-            gate_proj: linear(h, i, bias, vb.pp("gate_proj"))?,
-            up_proj: linear(h, i, bias, vb.pp("up_proj"))?,
-            down_proj: linear(i, h, bias, vb.pp("down_proj"))?,
+            gate_proj: linear(h, i, bias, vb.pp("gate_proj"), q)?,
+            up_proj: linear(h, i, bias, vb.pp("up_proj"), q)?,
+            down_proj: linear(i, h, bias, vb.pp("down_proj"), q)?,
         })
     }
 
@@ -350,17 +363,17 @@ impl Mlp {
 }
 
 impl Layer {
-    fn new(cfg: &ModelConfig, layer: usize, vb: VarBuilder) -> Result<Self> {
+    fn new(cfg: &ModelConfig, layer: usize, vb: VarBuilder, q: Q) -> Result<Self> {
         let eps = cfg.rms_norm_eps;
         Ok(Self {
             input_layernorm: candle_nn::rms_norm(cfg.hidden_size, eps, vb.pp("input_layernorm"))?,
-            self_attn: Attention::new(cfg, layer, vb.pp("self_attn"))?,
+            self_attn: Attention::new(cfg, layer, vb.pp("self_attn"), q)?,
             post_attention_layernorm: candle_nn::rms_norm(
                 cfg.hidden_size,
                 eps,
                 vb.pp("post_attention_layernorm"),
             )?,
-            mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+            mlp: Mlp::new(cfg, vb.pp("mlp"), q)?,
         })
     }
 
@@ -429,13 +442,27 @@ impl Layer {
 }
 
 impl Decoder {
-    /// `vb` is the checkpoint root; weights are read from `model.*`.
-    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+    /// `vb` is the checkpoint root; weights are read from `model.*`, the matrices from `q` when
+    /// it holds them quantized.
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder, q: Q) -> Result<Self> {
         let vb_m = vb.pp("model");
-        let embed_tokens =
-            candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, vb_m.pp("embed_tokens"))?;
+        let embed_tokens = match q
+            .map(|g| g.quantized("model.embed_tokens.weight", vb.device()))
+            .transpose()?
+            .flatten()
+        {
+            Some(table) => Emb::Quant {
+                table: std::sync::Arc::new(table),
+                dtype: vb.dtype(),
+            },
+            None => Emb::Full(candle_nn::embedding(
+                cfg.vocab_size,
+                cfg.hidden_size,
+                vb_m.pp("embed_tokens"),
+            )?),
+        };
         let layers = (0..cfg.num_hidden_layers)
-            .map(|i| Layer::new(cfg, i, vb_m.pp("layers").pp(i)))
+            .map(|i| Layer::new(cfg, i, vb_m.pp("layers").pp(i), q))
             .collect::<Result<Vec<_>>>()?;
         let norm = candle_nn::rms_norm(cfg.hidden_size, cfg.rms_norm_eps, vb_m.pp("norm"))?;
         let rope = Rope::new(cfg, vb.dtype(), vb.device())?;
@@ -449,9 +476,9 @@ impl Decoder {
         })
     }
 
-    /// The input embedding matrix (vocab, H), which a tied LM head reuses.
-    pub fn embeddings(&self) -> &Tensor {
-        self.embed_tokens.embeddings()
+    /// The input embedding, whose rows a tied LM head reuses.
+    pub fn embeddings(&self) -> &Emb {
+        &self.embed_tokens
     }
 
     /// Each row cut to the tokens it needs (up to its last read: under the causal mask nothing
@@ -507,7 +534,7 @@ impl Decoder {
         layout: &Layout,
         capture: &[usize],
     ) -> Result<Output> {
-        let dev = self.embeddings().device().clone();
+        let dev = self.embeddings().device();
         let h = self.embed_tokens.hidden_size();
         let dtype = self.embeddings().dtype();
         // A row's cached runs below `upto`.

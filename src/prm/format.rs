@@ -100,6 +100,11 @@ impl<'de> serde::Deserialize<'de> for Family {
     }
 }
 
+fn read_json(path: &Path) -> Result<serde_json::Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// The question as every family sees it: options appended as "(A) text" lines.
 pub fn question_text(trace: &Trace) -> String {
     let mut q = trace.question.clone();
@@ -114,17 +119,54 @@ pub fn question_text(trace: &Trace) -> String {
 }
 
 impl Formatter {
-    /// Reads `tokenizer.json` and `tokenizer_config.json` from `folder`.
+    /// Reads `tokenizer.json` and `tokenizer_config.json` from `folder`; for a `.gguf` file, from
+    /// beside it, or else rebuilt from the file's own vocabulary and metadata.
     pub fn load(family: Family, folder: &Path) -> Result<Formatter, String> {
+        if crate::prm::model::is_gguf(folder) {
+            return Self::load_gguf(family, folder);
+        }
         let tokenizer_path = folder.join("tokenizer.json");
         let tokenizer = Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| format!("{}: {e}", tokenizer_path.display()))?;
         let config_path = folder.join("tokenizer_config.json");
-        let config: serde_json::Value = match std::fs::read_to_string(&config_path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map_err(|e| format!("{}: {e}", config_path.display()))?,
-            Err(e) => return Err(format!("{}: {e}", config_path.display())),
+        let config = read_json(&config_path)?;
+        Self::from_parts(family, tokenizer, &tokenizer_path, config, &config_path)
+    }
+
+    fn load_gguf(family: Family, path: &Path) -> Result<Formatter, String> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let (tokenizer_path, config_path) = (
+            dir.join("tokenizer.json"),
+            dir.join("tokenizer_config.json"),
+        );
+        let gguf = super::gguf::Gguf::open(path).map_err(|e| e.to_string())?;
+        let tokenizer = if tokenizer_path.is_file() {
+            Tokenizer::from_file(&tokenizer_path)
+                .map_err(|e| format!("{}: {e}", tokenizer_path.display()))?
+        } else {
+            gguf.tokenizer_json()?
+                .parse::<Tokenizer>()
+                .map_err(|e| format!("{}: rebuilding its tokenizer: {e}", path.display()))?
         };
+        let (config, config_path) = if config_path.is_file() {
+            (read_json(&config_path)?, config_path)
+        } else {
+            (gguf.tokenizer_config(), path.to_path_buf())
+        };
+        let tokenizer_path = match tokenizer_path.is_file() {
+            true => tokenizer_path,
+            false => path.to_path_buf(),
+        };
+        Self::from_parts(family, tokenizer, &tokenizer_path, config, &config_path)
+    }
+
+    fn from_parts(
+        family: Family,
+        tokenizer: Tokenizer,
+        tokenizer_path: &Path,
+        config: serde_json::Value,
+        config_path: &Path,
+    ) -> Result<Formatter, String> {
         let template = ChatTemplate::from_config(&config)
             .map_err(|e| format!("{}: {e}", config_path.display()))?;
         let needs_template = matches!(

@@ -1,5 +1,6 @@
 //! The scoring heads that turn a PRM's final hidden states into P(step correct), in f32.
 
+use super::layers::Emb;
 use super::model_config::ModelConfig;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Module, Result, Tensor};
@@ -31,15 +32,15 @@ pub enum Head {
 }
 
 impl Head {
-    /// Loads the head's weights from the checkpoint root `vb`. `weights` (the same files) lets the
-    /// LM pair read two rows of the output matrix without materialising the whole of it; `embed` is
-    /// the decoder's input embedding, the matrix of a tied LM head.
+    /// Loads the head's weights from the checkpoint root `vb`. `rows` (the same checkpoint) lets
+    /// the LM pair read two rows of the output matrix without materialising the whole of it;
+    /// `embed` is the decoder's input embedding, the matrix of a tied LM head.
     pub fn load(
         spec: HeadSpec,
         cfg: &ModelConfig,
         vb: VarBuilder,
-        weights: &MmapedSafetensors,
-        embed: &Tensor,
+        rows: &dyn Fn(&str, &[usize]) -> Result<Tensor>,
+        embed: &Emb,
     ) -> Result<Self> {
         let h = cfg.hidden_size;
         let dev = vb.device().clone();
@@ -70,13 +71,18 @@ impl Head {
                 }
                 let ids = [plus as usize, minus as usize];
                 let rows = if cfg.tie_word_embeddings || !vb.contains_tensor("lm_head.weight") {
-                    let idx = Tensor::new(&[plus, minus], embed.device())?;
-                    embed.index_select(&idx, 0)?
+                    embed.rows(&[plus, minus])?
                 } else {
-                    matrix_rows(weights, "lm_head.weight", &ids, h)?
+                    rows("lm_head.weight", &ids)?
                         .to_dtype(dtype)?
                         .to_device(&dev)?
                 };
+                if rows.dims2()? != (2, h) {
+                    candle_core::bail!(
+                        "the LM head's rows are {:?}, expected (2, {h})",
+                        rows.shape()
+                    )
+                }
                 Ok(Self::LmPair {
                     pair: Linear::new(rows.to_dtype(DType::F32)?, None),
                 })
@@ -103,7 +109,7 @@ impl Head {
 
 /// Rows `ids` of the 2-D tensor `name`, shape (ids.len(), cols), in the stored dtype on the CPU,
 /// read straight from the mapped bytes (an LM head is 0.5-2 GB; two rows are a few KB).
-fn matrix_rows(
+pub fn matrix_rows(
     weights: &MmapedSafetensors,
     name: &str,
     ids: &[usize],

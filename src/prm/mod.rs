@@ -4,9 +4,11 @@
 mod batcher;
 mod decoder;
 pub mod format;
+mod gguf;
 mod head;
+mod layers;
 pub(crate) mod model;
-mod model_config;
+pub(crate) mod model_config;
 mod packing;
 mod plan;
 mod prefix_cache;
@@ -95,8 +97,8 @@ impl PrmEvaluator {
         };
         let folder = resolve_model(&cfg.model).ok_or_else(|| {
             fail(format!(
-                "model folder {} does not exist and is not a model id in the Hugging Face cache \
-                 (for the embedded default, run scripts/fetch-smollm2.sh)",
+                "model {} is neither a folder, a .gguf file, nor a model id in the Hugging Face \
+                 cache (for the embedded default, run scripts/fetch-smollm2.sh)",
                 cfg.model
             ))
         })?;
@@ -138,11 +140,18 @@ impl PrmEvaluator {
     }
 }
 
-/// A local folder, or else a hub id (`org/name`) already in the standard Hugging Face cache
+/// The decoder's config of a GGUF file, read from its metadata.
+pub(crate) fn gguf_config(path: &Path) -> Result<model_config::ModelConfig, String> {
+    gguf::Gguf::open(path)
+        .and_then(|g| g.config())
+        .map_err(|e| e.to_string())
+}
+
+/// A local folder or `.gguf` file, or else a hub id (`org/name`) already in the standard Hugging Face cache
 /// (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`): never a download.
 pub fn resolve_model(model: &str) -> Option<PathBuf> {
     let path = PathBuf::from(model);
-    if path.is_dir() {
+    if path.is_dir() || (path.is_file() && model::is_gguf(&path)) {
         return Some(path);
     }
     let (org, name) = model.split_once('/')?;

@@ -4,8 +4,9 @@
 use super::batcher::{CacheStats, Row, Scorer, Tokens};
 use super::decoder::Decoder;
 use super::format::Encoded;
-use super::head::Head;
+use super::gguf::{Gguf, GgufTensors};
 pub use super::head::HeadSpec;
+use super::head::{Head, matrix_rows};
 use super::model_config::ModelConfig;
 use super::plan::Layout;
 use super::prefix_cache::{Hit, PrefixCache};
@@ -72,13 +73,17 @@ impl Default for Reuse {
 
 impl PrmModel {
     /// Loads `folder/config.json` and the weights (`model.safetensors`, or the shards named by
-    /// `model.safetensors.index.json`), read and converted to `dtype` on `device`.
+    /// `model.safetensors.index.json`), read and converted to `dtype` on `device`; or, when
+    /// `folder` is a `.gguf` file, that checkpoint (see `load_gguf`).
     pub fn load(
         folder: &Path,
         head: HeadSpec,
         device: &Device,
         dtype: DType,
     ) -> Result<Self, ModelError> {
+        if is_gguf(folder) {
+            return Self::load_gguf(folder, head, device);
+        }
         let config_path = folder.join("config.json");
         let text = read(&config_path)?;
         let config = ModelConfig::from_json(&text).map_err(|e| ModelError::BadConfig {
@@ -95,16 +100,38 @@ impl PrmModel {
         // nobody rewriting a checkpoint while a server has it loaded. Only the head reads from
         // this map (a few rows of an untied lm_head), so few of its pages are ever resident.
         let weights = unsafe { MmapedSafetensors::multi(&files)? };
-        let decoder = Decoder::new(&config, vb.clone())?;
-        let head = Head::load(head, &config, vb, &weights, decoder.embeddings())?;
-        Ok(Self {
+        let decoder = Decoder::new(&config, vb.clone(), None)?;
+        let rows = |name: &str, ids: &[usize]| matrix_rows(&weights, name, ids, config.hidden_size);
+        let head = Head::load(head, &config, vb, &rows, decoder.embeddings())?;
+        Ok(Self::new(config, decoder, head, dtype))
+    }
+
+    /// Loads a GGUF checkpoint: its quantized matrices stay quantized (activations in f32, as
+    /// llama.cpp runs them), every other tensor and the head in f32.
+    pub fn load_gguf(path: &Path, head: HeadSpec, device: &Device) -> Result<Self, ModelError> {
+        if !path.is_file() {
+            return Err(ModelError::MissingFile(path.to_path_buf()));
+        }
+        let gguf = Gguf::open(path)?;
+        let config = gguf.config()?;
+        let dtype = DType::F32;
+        let vb =
+            VarBuilder::from_backend(Box::new(GgufTensors(gguf.clone())), dtype, device.clone());
+        let decoder = Decoder::new(&config, vb.clone(), Some(&gguf))?;
+        let rows = |name: &str, ids: &[usize]| gguf.rows(name, ids);
+        let head = Head::load(head, &config, vb, &rows, decoder.embeddings())?;
+        Ok(Self::new(config, decoder, head, dtype))
+    }
+
+    fn new(config: ModelConfig, decoder: Decoder, head: Head, dtype: DType) -> Self {
+        Self {
             config,
             decoder,
             head,
             cache: None,
             share: true,
             dtype,
-        })
+        }
     }
 
     /// Sets how this model reuses computed tokens.
@@ -315,6 +342,12 @@ impl Scorer for PrmModel {
             evictions: cache.stats().evictions,
         })
     }
+}
+
+/// Whether `path` names a GGUF checkpoint (a file ending in `.gguf`) rather than a folder.
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
 /// The candle device a config names; CUDA needs a build with `--features cuda`.

@@ -43,6 +43,9 @@ pub struct ModelConfig {
     pub hidden_act: Option<String>,
     #[serde(default)]
     pub rope_scaling: Option<RawRopeScaling>,
+    /// Per-frequency divisors, as a GGUF stores Llama 3.1's RoPE scaling (`rope_freqs.weight`).
+    #[serde(skip)]
+    pub rope_freq_factors: Option<Vec<f64>>,
 }
 
 /// `rope_scaling` as written: transformers has used both `type` and `rope_type` for the kind.
@@ -136,6 +139,17 @@ impl ModelConfig {
         let mut inv: Vec<f64> = (0..self.head_dim() / 2)
             .map(|i| 1.0 / theta.powf(2.0 * i as f64 / hd))
             .collect();
+        if let Some(factors) = &self.rope_freq_factors {
+            if factors.len() != inv.len() {
+                return Err(ConfigError::new(
+                    "rope_freqs",
+                    format!("{} factors for {} frequencies", factors.len(), inv.len()),
+                ));
+            }
+            for (f, d) in inv.iter_mut().zip(factors) {
+                *f /= d;
+            }
+        }
         if let Some(s) = self.rope_scaling()? {
             // transformers' `_compute_llama3_parameters`: long wavelengths slowed by `factor`,
             // short ones kept, the band between interpolated.
@@ -207,7 +221,7 @@ impl ModelConfig {
         }
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !matches!(self.model_type.as_str(), "llama" | "mistral" | "qwen2") {
             return Err(ConfigError::new(
                 "model_type",
