@@ -311,9 +311,13 @@ fn run(
             .filter_map(|p| keep(name, p, now))
             .collect();
         if !batch.is_empty()
-            && let Err(why) = score(name, scorer, batch, now)
+            && let Err((why, batch)) = score(name, scorer, batch, now)
         {
             died(&why);
+            // The batch is already off the queue-depth gauge; the queued are not.
+            for p in batch {
+                let _ = p.reply.send(Err(why.clone()));
+            }
             fail_queued(name, queue, &mut inbox, &why);
             return;
         }
@@ -358,14 +362,14 @@ fn keep(name: &str, p: Pending, now: Instant) -> Option<Pending> {
     Some(p)
 }
 
-/// Scores one batch and answers its callers; `Err` when the scorer panicked (its callers are
-/// answered with that too), after which the thread must stop.
+/// Scores one batch and answers its callers; `Err` with the batch, unanswered, when the scorer
+/// panicked, after which the thread must stop.
 fn score(
     name: &str,
     scorer: &dyn Scorer,
     batch: Vec<Pending>,
     cut_at: Instant,
-) -> Result<(), BatchError> {
+) -> Result<(), (BatchError, Vec<Pending>)> {
     let started = Instant::now();
     let rows: Vec<&Encoded> = batch.iter().map(|p| &p.encoded).collect();
     // Caught only to answer the callers with the reason; the thread ends right after.
@@ -379,10 +383,7 @@ fn score(
         Ok(scored) => scored,
         Err(why) => {
             tracing::error!(evaluator = name, error = %why, "the model thread died");
-            for p in batch {
-                let _ = p.reply.send(Err(why.clone()));
-            }
-            return Err(why);
+            return Err((why, batch));
         }
     };
     let result = scored.and_then(|scored| {

@@ -276,6 +276,7 @@ async fn a_dead_model_thread_fails_its_work_and_reports_itself() {
     };
     // Every one is told why, the one in the batch and those queued behind it alike.
     let mut errors = vec![first.await.expect("answered").unwrap_err()];
+    assert!(!batcher.alive(), "dead before its first caller is told");
     for r in rest {
         errors.push(match r {
             Ok(rx) => rx.await.expect("answered, not dropped").unwrap_err(),
