@@ -37,8 +37,8 @@ struct RoundRobin {
     broken: AtomicUsize,
 }
 
-/// How one request ended: OK, or the last attempt's code.
-type Ended = Result<(), Code>;
+/// How one request ended: OK, or the last attempt's status.
+type Ended = Result<(), String>;
 
 impl RoundRobin {
     fn new(channels: Vec<Channel>) -> Self {
@@ -54,12 +54,12 @@ impl RoundRobin {
     async fn evaluate(&self, i: usize) -> Ended {
         let started = Instant::now();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut last = Code::Unknown;
+        let mut last = String::new();
         for attempt in 0..ATTEMPTS {
             let replica = (first + attempt) % self.channels.len();
             let left = DEADLINE.saturating_sub(started.elapsed());
             if left.is_zero() {
-                return Err(Code::DeadlineExceeded);
+                return Err(format!("out of time after {attempt} attempt(s): {last}"));
             }
             let mut client =
                 pb::evaluator_client::EvaluatorClient::new(self.channels[replica].clone());
@@ -76,9 +76,9 @@ impl RoundRobin {
                         _ => &self.retries,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
-                    last = s.code();
+                    last = format!("{:?}: {}", s.code(), s.message());
                 }
-                Err(s) => return Err(s.code()),
+                Err(s) => return Err(format!("{:?}: {}", s.code(), s.message())),
             }
         }
         Err(last)
@@ -163,7 +163,7 @@ async fn three_replicas_lose_nothing_when_one_is_killed() {
         for e in caller.await.unwrap() {
             match e {
                 Ok(()) => ok += 1,
-                Err(code) => failed.push(code),
+                Err(status) => failed.push(status),
             }
         }
     }
