@@ -88,6 +88,12 @@ impl Evaluator for Cascade {
         self.prm.ready() && self.judge.ready()
     }
 
+    fn why_not_ready(&self) -> Option<String> {
+        self.prm
+            .why_not_ready()
+            .or_else(|| self.judge.why_not_ready())
+    }
+
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
             let mut verdict = self.prm.evaluate(job.clone()).await?;

@@ -21,6 +21,7 @@
 //! - `eval/` (`retrace eval`, `retrace calibrate`) and `bench/` (`retrace bench`): the offline
 //!   benchmark and the speed benchmark.
 //! - `score.rs` (`retrace score`): a client that prints verdicts as tables.
+//! - `health.rs`: grpc.health.v1 for the server, the Evaluator service and each evaluator.
 //! - `trace.rs` (domain types), `segment.rs` (raw text -> steps), `metrics.rs` (every metric
 //!   name once).
 //!
@@ -34,6 +35,7 @@ mod cascade;
 pub mod config;
 pub mod engine;
 pub mod eval;
+pub mod health;
 pub mod judge;
 pub mod metrics;
 pub mod prm;
@@ -44,6 +46,7 @@ pub mod trace;
 use crate::api::{BearerAuth, EvaluatorService, Readable, pb};
 use crate::config::{Config, ConfigError, KindConfig};
 use crate::engine::{Engine, EngineError, EvaluatorLoader};
+use crate::health::Health;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,7 +54,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
-use tonic_health::ServingStatus;
 
 /// The sockets the server answers on; bind them first (tests use 127.0.0.1:0).
 pub struct Listeners {
@@ -109,7 +111,8 @@ pub async fn serve(
     if let Some(listener) = listeners.metrics {
         serve_metrics(listener, handle, stop.signal());
     }
-    let (mut health, health_service) = Health::new().await;
+    let names: Vec<&str> = config.evaluators.iter().map(|e| e.name.as_str()).collect();
+    let (mut health, health_service) = Health::new(&names).await;
     let server = grpc_server(&config, engine.clone(), health_service)?
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stop.signal());
     tokio::pin!(server);
@@ -161,7 +164,7 @@ pub async fn serve(
     }
 
     // Shutting down: tell load balancers first, then stop accepting and drain.
-    health.set(ServingStatus::NotServing).await;
+    health.shutting_down().await;
     health.end_watches().await;
     stop.fire();
     let grace = Duration::from_secs_f64(config.server.shutdown_grace_s);
@@ -273,74 +276,6 @@ fn grpc_server(
         .add_service(tonic::service::interceptor::InterceptedService::new(
             evaluator, auth,
         )))
-}
-
-/// grpc.health.v1 for the whole server and the Evaluator service, with the readiness gauges.
-struct Health {
-    reporter: tonic_health::server::HealthReporter,
-    serving: bool,
-}
-
-impl Health {
-    /// NOT_SERVING until the evaluators load.
-    async fn new() -> (
-        Self,
-        tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
-    ) {
-        let (reporter, service) = tonic_health::server::health_reporter();
-        let health = Health {
-            reporter,
-            serving: false,
-        };
-        health.set(ServingStatus::NotServing).await;
-        (health, service)
-    }
-
-    /// Publishes every evaluator's readiness; SERVING only while all are ready.
-    async fn follow(&mut self, engine: &Engine) {
-        let statuses = engine.list();
-        for s in &statuses {
-            metrics::set_ready(&s.name, s.ready);
-        }
-        let ready = statuses.iter().all(|s| s.ready);
-        if self.serving != ready {
-            let status = match ready {
-                true => {
-                    tracing::info!("every evaluator is ready: SERVING");
-                    ServingStatus::Serving
-                }
-                false => {
-                    tracing::warn!("an evaluator is not ready: NOT_SERVING");
-                    ServingStatus::NotServing
-                }
-            };
-            self.set(status).await;
-            self.serving = ready;
-        }
-    }
-
-    /// Ends every health Watch stream once it has carried the last status: a Watch never ends by
-    /// itself, gRPC clients with health checking hold one per connection, and the drain waits
-    /// for every open stream, so one would hold the exit for the whole grace period. A Check
-    /// during the drain gets NOT_FOUND; new connections are refused by then anyway.
-    async fn end_watches(&mut self) {
-        self.reporter.clear_service_status("").await;
-        self.reporter
-            .clear_service_status(
-                <pb::evaluator_server::EvaluatorServer<EvaluatorService> as tonic::server::NamedService>::NAME,
-            )
-            .await;
-    }
-
-    async fn set(&self, status: ServingStatus) {
-        self.reporter.set_service_status("", status).await;
-        self.reporter
-            .set_service_status(
-                <pb::evaluator_server::EvaluatorServer<EvaluatorService> as tonic::server::NamedService>::NAME,
-                status,
-            )
-            .await;
-    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -44,6 +44,11 @@ pub trait Evaluator: Send + Sync + 'static {
         true
     }
 
+    /// Why `ready()` is false, for the message a refused request gets.
+    fn why_not_ready(&self) -> Option<String> {
+        None
+    }
+
     /// Pushes changes of `ready()`, for evaluators whose readiness can change (a model thread
     /// that dies); `None` when it never changes by itself.
     fn health(&self) -> Option<watch::Receiver<bool>> {

@@ -310,8 +310,11 @@ impl Slot {
             EngineError::Unavailable(format!("evaluator {:?} is still loading", self.name))
         })?;
         if !evaluator.ready() {
+            let why = evaluator
+                .why_not_ready()
+                .map_or_else(String::new, |why| format!(": {why}"));
             return Err(EngineError::Unavailable(format!(
-                "evaluator {:?} is not ready",
+                "evaluator {:?} is not ready{why}",
                 self.name
             )));
         }
@@ -385,6 +388,10 @@ impl Evaluator for Gated {
 
     fn ready(&self) -> bool {
         self.0.ready()
+    }
+
+    fn why_not_ready(&self) -> Option<String> {
+        self.0.evaluator.get()?.why_not_ready()
     }
 
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {

@@ -153,9 +153,7 @@ impl Caller {
             };
             let result = {
                 let _in_flight = InFlight::new(&self.judge);
-                timeout_at(stop, self.upstream.send(body))
-                    .await
-                    .unwrap_or(Err(AttemptError::Timeout))
+                self.upstream.send(body, stop).await
             };
             metrics::record_judge_latency(&self.judge, started.elapsed());
             let error = match result {

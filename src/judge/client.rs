@@ -6,6 +6,7 @@ use crate::config::Secret;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use std::time::{Duration, SystemTime};
+use tokio::time::{Instant, timeout_at};
 
 /// A reason quoted from an upstream body is cut to this many characters: enough to read
 /// "Invalid API Key", short enough for a status message and a log line.
@@ -66,6 +67,13 @@ pub enum AttemptError {
     Connect(String),
     #[error("the upstream did not answer in time")]
     Timeout,
+    /// Headers and the start of a body, then silence until the deadline: a hung upstream, not a
+    /// slow one, which the operator looks for in different places.
+    #[error("the upstream stalled mid-reply: its headers and {0} bytes of body came, then nothing")]
+    Stalled(usize),
+    /// The connection broke (reset, or closed short of the body's length) after the headers.
+    #[error("the upstream's reply was cut off: {0}")]
+    CutOff(String),
     #[error("the upstream answered HTTP {code}: {reason}")]
     Status {
         code: u16,
@@ -80,9 +88,11 @@ impl AttemptError {
     /// Only failures that a later attempt may not meet: the connection, rate limits, 5xx.
     pub fn retryable(&self) -> bool {
         match self {
-            AttemptError::Connect(_) => true,
+            AttemptError::Connect(_) | AttemptError::CutOff(_) => true,
             AttemptError::Status { code, .. } => *code == 429 || *code >= 500,
-            AttemptError::Timeout | AttemptError::BadResponse(_) => false,
+            AttemptError::Timeout | AttemptError::Stalled(_) | AttemptError::BadResponse(_) => {
+                false
+            }
         }
     }
 
@@ -90,7 +100,10 @@ impl AttemptError {
     /// than 429 means our request or key is wrong, and a garbled body came from a live server.
     pub fn upstream_unwell(&self) -> bool {
         match self {
-            AttemptError::Connect(_) | AttemptError::Timeout => true,
+            AttemptError::Connect(_)
+            | AttemptError::Timeout
+            | AttemptError::Stalled(_)
+            | AttemptError::CutOff(_) => true,
             AttemptError::Status { code, .. } => *code == 429 || *code >= 500,
             AttemptError::BadResponse(_) => false,
         }
@@ -99,8 +112,8 @@ impl AttemptError {
     /// The `outcome` label of `retrace_judge_requests_total`.
     pub fn outcome(&self) -> &'static str {
         match self {
-            AttemptError::Connect(_) => "connect_error",
-            AttemptError::Timeout => "timeout",
+            AttemptError::Connect(_) | AttemptError::CutOff(_) => "connect_error",
+            AttemptError::Timeout | AttemptError::Stalled(_) => "timeout",
             AttemptError::Status { code, .. } if *code >= 500 => "http_5xx",
             AttemptError::Status { .. } => "http_4xx",
             AttemptError::BadResponse(_) => "bad_response",
@@ -269,20 +282,23 @@ impl Upstream {
         })
     }
 
-    /// One exchange, with no timeout of its own: the caller bounds it, and dropping the future
-    /// drops the connection, which is how a caller that left cancels the upstream's work.
-    pub async fn send(&self, body: &Value) -> Result<Reply, AttemptError> {
+    /// One exchange, given up at `stop`. Dropping the future drops the connection, which is how
+    /// a caller that left cancels the upstream's work.
+    pub async fn send(&self, body: &Value, stop: Instant) -> Result<Reply, AttemptError> {
         let mut request = self.http.post(&self.url).json(body);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(&key.0);
         }
-        let response = request.send().await.map_err(|e| {
-            if e.is_timeout() {
-                AttemptError::Timeout
-            } else {
-                AttemptError::Connect(error_chain(&e))
-            }
-        })?;
+        let response = timeout_at(stop, request.send())
+            .await
+            .map_err(|_| AttemptError::Timeout)?
+            .map_err(|e| {
+                if e.is_timeout() {
+                    AttemptError::Timeout
+                } else {
+                    AttemptError::Connect(error_chain(&e))
+                }
+            })?;
         let status = response.status();
         let header = |name| {
             response
@@ -294,7 +310,7 @@ impl Upstream {
         let content_type = header(reqwest::header::CONTENT_TYPE);
         let retry_after = header(reqwest::header::RETRY_AFTER)
             .and_then(|v| super::policy::parse_retry_after(&v, SystemTime::now()));
-        let body = read_capped(response).await?;
+        let body = read_capped(response, stop).await?;
         if !status.is_success() {
             return Err(AttemptError::Status {
                 code: status.as_u16(),
@@ -310,8 +326,12 @@ impl Upstream {
 /// or hostile upstream, and reading it whole would hold it in memory (and in the cache).
 pub const MAX_REPLY_BYTES: usize = 4 << 20;
 
-/// The body, read chunk by chunk and refused as soon as it passes `MAX_REPLY_BYTES`.
-async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, AttemptError> {
+/// The body, read chunk by chunk and refused as soon as it passes `MAX_REPLY_BYTES`, so a huge
+/// reply costs at most the cap in memory, whatever it says (or doesn't say) about its length.
+async fn read_capped(
+    mut response: reqwest::Response,
+    stop: Instant,
+) -> Result<Vec<u8>, AttemptError> {
     if response
         .content_length()
         .is_some_and(|n| n > MAX_REPLY_BYTES as u64)
@@ -319,10 +339,10 @@ async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, Attempt
         return Err(too_large());
     }
     let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
+    while let Some(chunk) = timeout_at(stop, response.chunk())
         .await
-        .map_err(|e| AttemptError::Connect(format!("the reply was cut off: {}", error_chain(&e))))?
+        .map_err(|_| AttemptError::Stalled(body.len()))?
+        .map_err(|e| AttemptError::CutOff(error_chain(&e)))?
     {
         if body.len() + chunk.len() > MAX_REPLY_BYTES {
             return Err(too_large());

@@ -153,6 +153,13 @@ fn retry_and_breaker_classes() {
             "connect_error",
         ),
         (AttemptError::Timeout, false, true, "timeout"),
+        (AttemptError::Stalled(10), false, true, "timeout"),
+        (
+            AttemptError::CutOff("reset".into()),
+            true,
+            true,
+            "connect_error",
+        ),
         (status(429), true, true, "http_4xx"),
         (status(503), true, true, "http_5xx"),
         (status(401), false, false, "http_4xx"),

@@ -120,7 +120,7 @@ impl JudgeEvaluator {
         let Some(vote) = parse::vote(&parsed) else {
             return Err(JudgeError::Unreadable {
                 samples: parsed.len(),
-                reason: first_error(&parsed),
+                reason: unreadable(&samples),
             });
         };
         if vote.agreement < 1.0 {
@@ -345,11 +345,29 @@ fn parse_choice(choice: &Choice, shape: Shape) -> (Result<Parsed, ParseError>, O
     }
 }
 
-fn first_error(parsed: &[Result<Parsed, ParseError>]) -> String {
-    parsed
+/// Why the first unreadable sample is unreadable, with what the operator can do about it: a
+/// reasoning model that spent its budget thinking leaves only `reasoning_content`, and its
+/// `finish_reason` says the budget ran out.
+fn unreadable(samples: &[Sample]) -> String {
+    let Some((sample, error)) = samples
         .iter()
-        .find_map(|p| p.as_ref().err())
-        .map_or_else(String::new, ToString::to_string)
+        .find_map(|s| s.parsed.as_ref().err().map(|e| (s, e)))
+    else {
+        return String::new();
+    };
+    let choice = &sample.choice;
+    let mut reason = match &choice.reasoning {
+        Some(_) if choice.content.trim().is_empty() => format!(
+            "the reply's content is empty and its reasoning_content gives no verdict ({error})"
+        ),
+        _ => error.to_string(),
+    };
+    if choice.finish_reason.as_deref() == Some("length") {
+        reason.push_str(
+            "; the reply stopped at the token limit (finish_reason \"length\"): raise max_tokens",
+        );
+    }
+    reason
 }
 
 /// The vote as a judgement. A step's score is the share of valid samples that found no error up

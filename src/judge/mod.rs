@@ -42,7 +42,7 @@ impl JudgeError {
         match self {
             JudgeError::Call(CallError::Deadline(_))
             | JudgeError::Call(CallError::Upstream {
-                error: AttemptError::Timeout,
+                error: AttemptError::Timeout | AttemptError::Stalled(_),
                 ..
             }) => EngineError::DeadlineExceeded(message),
             JudgeError::Call(_) | JudgeError::Unreadable { .. } => {

@@ -1,11 +1,13 @@
 //! The model thread and its queue: requests are packed into batches by a token budget and
 //! handed to a `Scorer` (the candle model packs their rows end to end, no padding); work whose
-//! caller left or whose deadline passed is dropped before it reaches the scorer.
+//! caller left or whose deadline passed is dropped before it reaches the scorer. A scorer that
+//! panics ends the thread: its batch and everything queued behind it are told why, at once.
 
 use super::format::Encoded;
 use crate::metrics;
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
@@ -90,6 +92,12 @@ pub enum BatchError {
     Deadline,
     #[error("the model failed: {0}")]
     Model(String),
+    /// The scorer panicked: the thread is gone and never comes back (a panic may leave the
+    /// model's state half-written, so no later batch is trusted to it).
+    #[error(
+        "the model thread of evaluator {evaluator:?} died ({panic}); it serves nothing more until the server restarts"
+    )]
+    Died { evaluator: String, panic: String },
 }
 
 type Reply = oneshot::Sender<Result<Scored, BatchError>>;
@@ -107,6 +115,8 @@ pub struct Batcher {
     capacity: usize,
     /// True while the model thread runs; it turns false when the thread exits, even by a panic.
     alive: watch::Receiver<bool>,
+    /// Why the thread died, once it has.
+    death: Arc<OnceLock<BatchError>>,
     /// For the queue-depth gauge, which counts requests waiting for the model too.
     name: String,
 }
@@ -165,12 +175,26 @@ impl Inbox for Channel {
     }
 }
 
-/// Marks the batcher dead when the thread exits, even by a panic.
+/// Marks the batcher dead when the thread exits, even by a panic the scorer guard missed.
 struct AliveGuard(watch::Sender<bool>);
 
 impl Drop for AliveGuard {
     fn drop(&mut self) {
         self.0.send_replace(false);
+    }
+}
+
+/// The thread's life as the batcher sees it: `died` records why, then turns health false, before
+/// any caller is answered, so none of them can find it still alive.
+struct Life<'a> {
+    guard: &'a AliveGuard,
+    death: &'a OnceLock<BatchError>,
+}
+
+impl Life<'_> {
+    fn died(&self, why: &BatchError) {
+        let _ = self.death.set(why.clone());
+        self.guard.0.send_replace(false);
     }
 }
 
@@ -185,17 +209,25 @@ impl Batcher {
         let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
         let (alive_tx, alive) = watch::channel(true);
         let guard = AliveGuard(alive_tx);
+        let death = Arc::new(OnceLock::new());
         let thread_name = name.to_string();
+        let thread_death = death.clone();
         std::thread::Builder::new()
             .name(format!("prm-{name}"))
             .spawn(move || {
-                let _guard = guard;
-                run(&thread_name, &scorer, budget, Channel(rx));
+                let life = Life {
+                    guard: &guard,
+                    death: &thread_death,
+                };
+                run(&thread_name, &scorer, budget, Channel(rx), &|why| {
+                    life.died(why)
+                });
             })?;
         Ok(Batcher {
             tx,
             capacity,
             alive,
+            death,
             name: name.to_string(),
         })
     }
@@ -207,6 +239,11 @@ impl Batcher {
     /// Turns false when the model thread exits.
     pub fn health(&self) -> watch::Receiver<bool> {
         self.alive.clone()
+    }
+
+    /// What a request gets once the thread is gone: why it died, if it did.
+    pub fn stopped(&self) -> BatchError {
+        self.death.get().cloned().unwrap_or(BatchError::Stopped)
     }
 
     /// Queues a request without waiting: a full queue is refused at once.
@@ -228,13 +265,20 @@ impl Batcher {
                 Ok(rx)
             }
             Err(TrySendError::Full(_)) => Err(BatchError::QueueFull(self.capacity)),
-            Err(TrySendError::Disconnected(_)) => Err(BatchError::Stopped),
+            Err(TrySendError::Disconnected(_)) => Err(self.stopped()),
         }
     }
 }
 
-/// The model thread: gather, cut, drop the abandoned, score, reply; until every sender is gone.
-fn run(name: &str, scorer: &dyn Scorer, budget: Budget, mut inbox: impl Inbox) {
+/// The model thread: gather, cut, drop the abandoned, score, reply; until every sender is gone,
+/// or the scorer panics (then `died` is told, and every request still queued is answered).
+fn run(
+    name: &str,
+    scorer: &dyn Scorer,
+    budget: Budget,
+    mut inbox: impl Inbox,
+    died: &dyn Fn(&BatchError),
+) {
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut closed = false;
     loop {
@@ -266,10 +310,41 @@ fn run(name: &str, scorer: &dyn Scorer, budget: Budget, mut inbox: impl Inbox) {
             .drain(..n)
             .filter_map(|p| keep(name, p, now))
             .collect();
-        if !batch.is_empty() {
-            score(name, scorer, batch, now);
+        if !batch.is_empty()
+            && let Err((why, batch)) = score(name, scorer, batch, now)
+        {
+            died(&why);
+            // The batch is already off the queue-depth gauge; the queued are not.
+            for p in batch {
+                let _ = p.reply.send(Err(why.clone()));
+            }
+            fail_queued(name, queue, &mut inbox, &why);
+            return;
         }
     }
+}
+
+/// Answers every request still queued, or already sent, with `why`, and takes each off the
+/// queue-depth gauge, which would otherwise count them forever.
+fn fail_queued(name: &str, queue: VecDeque<Pending>, inbox: &mut impl Inbox, why: &BatchError) {
+    let mut fail = |p: Pending| {
+        metrics::queue_depth(name, -1.0);
+        let _ = p.reply.send(Err(why.clone()));
+    };
+    queue.into_iter().for_each(&mut fail);
+    let now = inbox.now();
+    while let Ok(Some(p)) = inbox.recv(Some(now)) {
+        fail(p);
+    }
+}
+
+/// The panic's message, when it carries one (`panic!` with a literal or a format).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// The job, unless nobody will read its result: a caller that left, or a deadline that passed
@@ -287,10 +362,31 @@ fn keep(name: &str, p: Pending, now: Instant) -> Option<Pending> {
     Some(p)
 }
 
-fn score(name: &str, scorer: &dyn Scorer, batch: Vec<Pending>, cut_at: Instant) {
+/// Scores one batch and answers its callers; `Err` with the batch, unanswered, when the scorer
+/// panicked, after which the thread must stop.
+fn score(
+    name: &str,
+    scorer: &dyn Scorer,
+    batch: Vec<Pending>,
+    cut_at: Instant,
+) -> Result<(), (BatchError, Vec<Pending>)> {
     let started = Instant::now();
     let rows: Vec<&Encoded> = batch.iter().map(|p| &p.encoded).collect();
-    let result = scorer.score_rows(&rows).and_then(|scored| {
+    // Caught only to answer the callers with the reason; the thread ends right after.
+    let scored =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scorer.score_rows(&rows)))
+            .map_err(|payload| BatchError::Died {
+                evaluator: name.to_string(),
+                panic: panic_message(payload.as_ref()),
+            });
+    let scored = match scored {
+        Ok(scored) => scored,
+        Err(why) => {
+            tracing::error!(evaluator = name, error = %why, "the model thread died");
+            return Err((why, batch));
+        }
+    };
+    let result = scored.and_then(|scored| {
         if scored.len() != rows.len()
             || scored
                 .iter()
@@ -336,6 +432,7 @@ fn score(name: &str, scorer: &dyn Scorer, batch: Vec<Pending>, cut_at: Instant) 
             }
         }
     }
+    Ok(())
 }
 
 fn rows_len(batch: &[Pending]) -> usize {

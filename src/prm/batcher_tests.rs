@@ -128,7 +128,7 @@ impl Sim {
             now: self.t0,
             arrivals: self.arrivals,
         };
-        run("test", scorer, budget, inbox);
+        run("test", scorer, budget, inbox, &|why| panic!("died: {why}"));
     }
 }
 
@@ -257,20 +257,50 @@ impl Scorer for Panics {
 
 #[tokio::test]
 async fn a_dead_model_thread_fails_its_work_and_reports_itself() {
-    let batcher = Batcher::spawn("dies", Panics, budget(100, 4), 4).unwrap();
+    // Batches of one: the first request dies with the thread, the others wait behind it.
+    let batcher = Batcher::spawn("dies", Panics, budget(100, 1), 4).unwrap();
     let mut health = batcher.health();
     assert!(batcher.alive());
     let encoded = Encoded {
         ids: vec![1, 2, 3],
         positions: vec![2],
     };
-    let rx = batcher.submit(encoded.clone(), None).unwrap();
-    // The reply is dropped unanswered when the thread unwinds.
-    assert!(rx.await.is_err());
+    let first = batcher.submit(encoded.clone(), None).unwrap();
+    // These queue behind the first, unless the thread died already, which refuses them.
+    let rest: Vec<_> = (0..2)
+        .map(|_| batcher.submit(encoded.clone(), None))
+        .collect();
+    let died = |e: &BatchError| {
+        matches!(e, BatchError::Died { evaluator, panic }
+            if evaluator == "dies" && panic == "a bug in the model")
+    };
+    // Every one is told why, the one in the batch and those queued behind it alike.
+    let mut errors = vec![first.await.expect("answered").unwrap_err()];
+    assert!(!batcher.alive(), "dead before its first caller is told");
+    for r in rest {
+        errors.push(match r {
+            Ok(rx) => rx.await.expect("answered, not dropped").unwrap_err(),
+            Err(e) => e,
+        });
+    }
+    for err in errors {
+        assert!(died(&err), "{err:?}");
+        assert!(
+            err.to_string().contains("until the server restarts"),
+            "{err}"
+        );
+    }
     health.wait_for(|alive| !alive).await.unwrap();
     assert!(!batcher.alive());
-    let err = batcher.submit(encoded, None).map(drop).unwrap_err();
-    assert_eq!(err, BatchError::Stopped);
+    assert!(died(&batcher.stopped()));
+    // Refused; or, in the moment before the thread is gone, queued and answered the same way.
+    let err = match batcher.submit(encoded, None) {
+        Err(e) => e,
+        Ok(rx) => rx
+            .await
+            .map_or_else(|_| batcher.stopped(), |r| r.unwrap_err()),
+    };
+    assert!(died(&err), "{err:?}");
 }
 
 #[tokio::test]

@@ -66,9 +66,17 @@ impl From<PrmError> for EngineError {
                 EngineError::DeadlineExceeded("queued for the model past the deadline".into())
             }
             PrmError::Batch(e @ BatchError::Model(_)) => EngineError::Internal(e.to_string()),
+            PrmError::Batch(e @ BatchError::Died { .. }) => EngineError::Unavailable(e.to_string()),
             PrmError::Load { .. } => EngineError::Unavailable(e.to_string()),
         }
     }
+}
+
+/// What a scorer accepts: rows up to `max_tokens` long, token ids below `vocab_size`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub max_tokens: usize,
+    pub vocab_size: usize,
 }
 
 /// A PRM evaluator: formatter on the caller's task, model on its own thread.
@@ -115,22 +123,57 @@ impl PrmEvaluator {
                 cache_bytes: cfg.prefix_cache_mb << 20,
                 share: cfg.prefix_sharing,
             });
+        let limits = Limits {
+            max_tokens: model.max_positions(),
+            vocab_size: model.vocab_size(),
+        };
+        Self::assemble(common, cfg, folder, formatter, model, limits)
+    }
+
+    /// A PRM whose rows `scorer` scores instead of the candle model (another backend, or a test's
+    /// scorer that fails on purpose); formatting, batching and health are the same as `load`'s.
+    pub fn with_scorer(
+        common: &EvaluatorConfig,
+        cfg: &PrmConfig,
+        scorer: impl Scorer,
+        limits: Limits,
+    ) -> Result<PrmEvaluator, PrmError> {
+        let fail = |message: String| PrmError::Load {
+            name: common.name.clone(),
+            message,
+        };
+        let folder = resolve_model(&cfg.model)
+            .ok_or_else(|| fail(format!("model folder {} does not exist", cfg.model)))?;
+        let formatter = Formatter::load(cfg.family, &folder).map_err(fail)?;
+        Self::assemble(common, cfg, folder, formatter, scorer, limits)
+    }
+
+    fn assemble(
+        common: &EvaluatorConfig,
+        cfg: &PrmConfig,
+        folder: PathBuf,
+        formatter: Formatter,
+        scorer: impl Scorer,
+        limits: Limits,
+    ) -> Result<PrmEvaluator, PrmError> {
         let budget = Budget {
             max_batch_tokens: cfg.max_batch_tokens,
             max_batch_size: cfg.max_batch_size,
             max_wait: Duration::from_millis(cfg.max_wait_ms),
         };
-        let (max_tokens, vocab_size) = (model.max_positions(), model.vocab_size());
         // The engine's gate admits at most max_concurrency jobs, so the queue never needs more.
-        let batcher = Batcher::spawn(&common.name, model, budget, common.max_concurrency)
-            .map_err(|e| fail(format!("cannot start the model thread: {e}")))?;
+        let batcher = Batcher::spawn(&common.name, scorer, budget, common.max_concurrency)
+            .map_err(|e| PrmError::Load {
+                name: common.name.clone(),
+                message: format!("cannot start the model thread: {e}"),
+            })?;
         Ok(PrmEvaluator {
             name: common.name.clone(),
             family: cfg.family,
             folder,
             formatter: Arc::new(formatter),
-            max_tokens,
-            vocab_size,
+            max_tokens: limits.max_tokens,
+            vocab_size: limits.vocab_size,
             batcher,
         })
     }
@@ -178,6 +221,10 @@ impl Evaluator for PrmEvaluator {
         self.batcher.alive()
     }
 
+    fn why_not_ready(&self) -> Option<String> {
+        (!self.batcher.alive()).then(|| self.batcher.stopped().to_string())
+    }
+
     fn health(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
         Some(self.batcher.health())
     }
@@ -221,7 +268,7 @@ impl Evaluator for PrmEvaluator {
             // Dropping this future drops `reply`, which the model thread sees before running it.
             let scored = reply
                 .await
-                .map_err(|_| PrmError::Batch(BatchError::Stopped))?
+                .map_err(|_| PrmError::Batch(self.batcher.stopped()))?
                 .map_err(PrmError::from)?;
             let mut judgement = Judgement::from_scores(scored.scores, job.threshold);
             judgement.queued = scored.queued;

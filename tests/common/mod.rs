@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod upstream;
+pub mod wire;
 
 use futures::future::BoxFuture;
 use retrace::api::pb;
