@@ -21,52 +21,9 @@ fn cache() -> PathBuf {
     retrace::config::env::cache_dir()
 }
 
-/// Starts llama-server on a free port and waits for /health.
+/// llama-server with an API key and four slots (`n` up to 4 in one request; 1,024 tokens each).
 async fn llama_server() -> (ChildGuard, u16) {
-    let bin = cache().join("llama-server/bin/llama-server");
-    let gguf = cache().join("gguf/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run scripts/fetch-llama-server.sh",
-        bin.display()
-    );
-    assert!(
-        gguf.is_file(),
-        "{} is missing: run scripts/fetch-smollm2.sh",
-        gguf.display()
-    );
-    let port = common::free_port();
-    let child = std::process::Command::new(&bin)
-        .arg("-m")
-        .arg(&gguf)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        // Four slots: `n` up to 4 in one request; 1,024 tokens of context each.
-        .args(["-c", "4096", "-np", "4", "-t", "2", "--api-key", KEY])
-        // Passive OpenMP waits: spinning threads starve everything else on a shared CPU.
-        .env("OMP_WAIT_POLICY", "passive")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawning llama-server");
-    let mut guard = ChildGuard(child);
-    // The product installs ring as rustls' provider when it builds a judge; do the same here.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let url = format!("http://127.0.0.1:{port}/health");
-    for i in 0.. {
-        if reqwest::get(&url)
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            break;
-        }
-        assert!(
-            guard.0.try_wait().unwrap().is_none(),
-            "llama-server exited early"
-        );
-        assert!(i < 600, "llama-server never became healthy");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (guard, port)
+    common::llama::llama_server(&["-c", "4096", "-np", "4", "-t", "2", "--api-key", KEY]).await
 }
 
 fn config(port: u16) -> String {

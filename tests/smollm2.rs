@@ -1,5 +1,5 @@
-//! The real model end to end: SmolLM2-135M-Instruct (fetched by scripts/fetch-smollm2.sh) served
-//! as the embedded `chat-lm` default, over gRPC, from the `retrace` binary itself.
+//! The real model end to end: SmolLM2-135M-Instruct in f32 (converted by `scripts/fetch-smollm2.sh
+//! --f32`) as the embedded `chat-lm` evaluator, over gRPC, from the `retrace` binary itself.
 
 mod common;
 
@@ -37,10 +37,14 @@ async fn embedded_default_serves_smollm2_end_to_end() {
     let model = retrace::config::env::cache_dir().join("smollm2");
     assert!(
         model.join("model.safetensors").is_file(),
-        "{} is missing: run scripts/fetch-smollm2.sh",
+        "{} is missing: run scripts/fetch-smollm2.sh --f32",
         model.display()
     );
-    let (mut server, channel, metrics) = spawn_retrace(&[], &[]).await;
+    // The embedded default serves the Q4_1 GGUF (tests/gguf.rs); the same model in f32, the
+    // converted folder, must score as the float64 reference does.
+    let folder = format!("evaluator.smollm2.model={}", model.display());
+    let (mut server, channel, metrics) =
+        spawn_retrace(&["--set".as_ref(), folder.as_ref()], &[]).await;
     let mut c = pb::evaluator_client::EvaluatorClient::new(channel.clone());
     let list = c
         .list_evaluators(pb::ListEvaluatorsRequest {})

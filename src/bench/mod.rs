@@ -294,7 +294,19 @@ async fn speed(opts: BenchOptions) -> anyhow::Result<report::Report> {
 
     let mut server = match &opts.server {
         Some(_) => None,
-        None => Some(start_server(&opts, &model, &logs, "bench").map(|(g, a, _)| (g, a))?),
+        None => {
+            // The traces repeat across rounds and concurrencies: a prefix cache would answer all
+            // but the first from memory. Speed is measured computing every token (a --set wins).
+            let cold = BenchOptions {
+                set: [
+                    vec!["evaluator.bench.prefix_cache_mb=0".into()],
+                    opts.set.clone(),
+                ]
+                .concat(),
+                ..opts.clone()
+            };
+            Some(start_server(&cold, &model, &logs, "bench").map(|(g, a, _)| (g, a))?)
+        }
     };
     let (addr, evaluator) = match (&opts.server, &server) {
         (Some(addr), _) => (addr.clone(), String::new()),

@@ -128,12 +128,12 @@ struct Chunk {
 fn linear(in_dim: usize, out_dim: usize, bias: bool, vb: VarBuilder, q: Q) -> Result<Lin> {
     let bias = bias || vb.contains_tensor("bias");
     if let Some(w) = q
-        .map(|g| g.qmatmul(&format!("{}.weight", vb.prefix()), vb.device()))
+        .map(|g| g.quantized(&format!("{}.weight", vb.prefix()), vb.device()))
         .transpose()?
         .flatten()
     {
         let b = bias.then(|| vb.get(out_dim, "bias")).transpose()?;
-        return Ok(Lin::Quant { w, b });
+        return Lin::quant(w, b);
     }
     Ok(Lin::Full(candle_nn::linear_b(in_dim, out_dim, bias, vb)?))
 }

@@ -5,7 +5,7 @@
 
 use super::model_config::ModelConfig;
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor, ggml_file::qtensor_from_ggml};
+use candle_core::quantized::{GgmlDType, QTensor, ggml_file::qtensor_from_ggml};
 use candle_core::{DType, Device, Result, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use serde_json::{Value as Json, json};
@@ -126,8 +126,13 @@ impl Gguf {
             Some(_) => Some(self.arch_u32("attention.sliding_window")? as usize),
             None => None,
         };
+        // llama.cpp writes Mistral as "llama"; a window in the metadata windows every layer.
+        let model_type = match (self.arch.as_str(), sliding) {
+            ("llama", Some(_)) => "mistral".to_string(),
+            _ => self.arch.clone(),
+        };
         let cfg = ModelConfig {
-            model_type: self.arch.clone(),
+            model_type,
             hidden_size: hidden,
             intermediate_size: self.arch_u32("feed_forward_length")? as usize,
             num_hidden_layers: self.arch_u32("block_count")? as usize,
@@ -223,13 +228,6 @@ impl Gguf {
 
     /// The matrix stored under Hugging Face name `hf` when it is quantized; `None` when it is
     /// absent or stored in f32/f16/bf16 (those load at full precision).
-    pub fn qmatmul(&self, hf: &str, device: &Device) -> Result<Option<QMatMul>> {
-        self.quantized(hf, device)?
-            .map(QMatMul::from_qtensor)
-            .transpose()
-    }
-
-    /// As `qmatmul`, the tensor itself.
     pub fn quantized(&self, hf: &str, device: &Device) -> Result<Option<QTensor>> {
         let Some(name) = self.name_of(hf) else {
             return Ok(None);

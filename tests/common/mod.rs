@@ -1,6 +1,7 @@
 //! Test harness: fake evaluators (tests only) and an in-process server on 127.0.0.1:0.
 #![allow(dead_code)]
 
+pub mod llama;
 pub mod upstream;
 pub mod wire;
 
