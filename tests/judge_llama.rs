@@ -8,7 +8,6 @@ mod common;
 use common::{ChildGuard, request, sample, scrape, spawn_retrace};
 use retrace::api::pb;
 use std::path::PathBuf;
-use std::time::Duration;
 use tonic::Code;
 
 const KEY: &str = "retrace-test-key";
