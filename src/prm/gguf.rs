@@ -425,7 +425,7 @@ fn unpermute_rows(bytes: &[u8], rows: usize, heads: usize) -> Option<Vec<u8>> {
 }
 
 /// The file's full-precision tensors for a `VarBuilder`, by Hugging Face name; quantized ones
-/// come dequantized (the decoder asks `Gguf::qmatmul` first for the matrices it keeps quantized).
+/// come dequantized (the decoder asks `Gguf::quantized` first for the matrices it keeps quantized).
 pub struct GgufTensors(pub Arc<Gguf>);
 
 impl SimpleBackend for GgufTensors {
