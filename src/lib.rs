@@ -24,6 +24,7 @@
 //! - `health.rs`: grpc.health.v1 for the server, the Evaluator service and each evaluator.
 //! - `trace.rs` (domain types), `segment.rs` (raw text -> steps), `metrics.rs` (every metric
 //!   name once).
+//! - `fuzzing` (hidden): the private parsers opened to `fuzz/` and `tests/fuzz_props/`.
 //!
 //! A request takes three hops: api -> engine -> evaluator. `run` is the whole server; `serve`
 //! wires its pieces: the metrics listener, the gRPC router, the HTTP router, health, and the drain
@@ -42,6 +43,14 @@ pub mod prm;
 pub mod score;
 mod segment;
 pub mod trace;
+
+#[doc(hidden)]
+pub mod fuzzing {
+    //! Pure parsers the product keeps private, opened for the fuzz targets in `fuzz/` and the
+    //! property tests in `tests/fuzz_props/`; not an API.
+    pub use crate::api::convert::{EvaluateInput, RankInput, parse_evaluate, parse_rank};
+    pub use crate::segment::segment;
+}
 
 use crate::api::{BearerAuth, EvaluatorService, Readable, pb};
 use crate::config::{Config, ConfigError, KindConfig};

@@ -10,6 +10,80 @@ use tonic::metadata::MetadataMap;
 /// Options are lettered A to Z when rendered for a model.
 pub const MAX_OPTIONS: usize = 26;
 
+/// An EvaluateRequest, checked: what the engine needs from it, clock values aside.
+#[derive(Debug)]
+pub struct EvaluateInput {
+    pub id: String,
+    pub evaluator: String,
+    pub trace: Trace,
+    pub threshold: Option<f32>,
+}
+
+/// A RankRequest, checked: one trace per candidate, in request order.
+#[derive(Debug)]
+pub struct RankInput {
+    pub id: String,
+    pub evaluator: String,
+    pub traces: Vec<Trace>,
+    pub threshold: Option<f32>,
+}
+
+/// Checks an EvaluateRequest; the error names the first bad field.
+pub fn parse_evaluate(req: pb::EvaluateRequest) -> Result<EvaluateInput, EngineError> {
+    let id = parse_id(req.id)?;
+    let trace = req
+        .trace
+        .ok_or_else(|| EngineError::invalid("trace", "is required"))?;
+    let trace = parse_trace(trace, "trace")?;
+    let threshold = parse_threshold(req.threshold, "threshold")?;
+    Ok(EvaluateInput {
+        id,
+        evaluator: req.evaluator,
+        trace,
+        threshold,
+    })
+}
+
+/// Checks a RankRequest: the question, options and reference answer are the request's, each
+/// candidate brings only its steps or text.
+pub fn parse_rank(req: pb::RankRequest) -> Result<RankInput, EngineError> {
+    let id = parse_id(req.id)?;
+    if req.question.trim().is_empty() {
+        return Err(EngineError::invalid("question", "is required"));
+    }
+    if req.candidates.is_empty() {
+        return Err(EngineError::invalid(
+            "candidates",
+            "give at least one candidate",
+        ));
+    }
+    let threshold = parse_threshold(req.threshold, "threshold")?;
+    let mut traces = Vec::with_capacity(req.candidates.len());
+    for (i, c) in req.candidates.into_iter().enumerate() {
+        let prefix = format!("candidates[{i}]");
+        if !c.question.is_empty() || !c.options.is_empty() || !c.reference_answer.is_empty() {
+            return Err(EngineError::invalid(
+                prefix,
+                "set question, options and reference_answer on the RankRequest, not on a candidate",
+            ));
+        }
+        traces.push(parse_with_question(
+            req.question.clone(),
+            req.options.clone(),
+            req.reference_answer.clone(),
+            c.steps,
+            c.text,
+            &prefix,
+        )?);
+    }
+    Ok(RankInput {
+        id,
+        evaluator: req.evaluator,
+        traces,
+        threshold,
+    })
+}
+
 /// Validates a proto trace; errors name the field under `prefix` (e.g. `trace`, `candidates[2]`).
 pub fn parse_trace(t: pb::Trace, prefix: &str) -> Result<Trace, EngineError> {
     if t.question.trim().is_empty() {

@@ -3,7 +3,7 @@
 
 mod auth;
 mod codec;
-mod convert;
+pub(crate) mod convert;
 pub mod http;
 mod status;
 mod unreadable;
@@ -71,22 +71,18 @@ async fn evaluate_one(
     deadline: Option<Instant>,
     arrived: Instant,
 ) -> Result<pb::EvaluateResponse, EngineError> {
-    let id = convert::parse_id(req.id)?;
-    let trace = req
-        .trace
-        .ok_or_else(|| EngineError::invalid("trace", "is required"))?;
-    let trace = Arc::new(convert::parse_trace(trace, "trace")?);
-    let threshold = convert::parse_threshold(req.threshold, "threshold")?;
+    let input = convert::parse_evaluate(req)?;
+    let trace = Arc::new(input.trace);
     let verdict = engine
         .evaluate(EngineRequest {
-            evaluator: req.evaluator,
+            evaluator: input.evaluator,
             trace: trace.clone(),
-            threshold,
+            threshold: input.threshold,
             deadline,
             arrived,
         })
         .await?;
-    Ok(convert::response(id, &trace, verdict))
+    Ok(convert::response(input.id, &trace, verdict))
 }
 
 /// The caller's deadline, brought forward a little so that our DEADLINE_EXCEEDED (which says
@@ -293,40 +289,13 @@ async fn rank(
     deadline: Option<Instant>,
     arrived: Instant,
 ) -> Result<pb::RankResponse, EngineError> {
-    let id = convert::parse_id(req.id)?;
-    if req.question.trim().is_empty() {
-        return Err(EngineError::invalid("question", "is required"));
-    }
-    if req.candidates.is_empty() {
-        return Err(EngineError::invalid(
-            "candidates",
-            "give at least one candidate",
-        ));
-    }
-    let threshold = convert::parse_threshold(req.threshold, "threshold")?;
-    let mut traces = Vec::with_capacity(req.candidates.len());
-    for (i, c) in req.candidates.into_iter().enumerate() {
-        let prefix = format!("candidates[{i}]");
-        if !c.question.is_empty() || !c.options.is_empty() || !c.reference_answer.is_empty() {
-            return Err(EngineError::invalid(
-                prefix,
-                "set question, options and reference_answer on the RankRequest, not on a candidate",
-            ));
-        }
-        let trace = convert::parse_with_question(
-            req.question.clone(),
-            req.options.clone(),
-            req.reference_answer.clone(),
-            c.steps,
-            c.text,
-            &prefix,
-        )?;
-        traces.push(Arc::new(trace));
-    }
+    let input = convert::parse_rank(req)?;
+    let (id, threshold) = (input.id, input.threshold);
+    let traces: Vec<Arc<_>> = input.traces.into_iter().map(Arc::new).collect();
     let requests = traces
         .iter()
         .map(|t| EngineRequest {
-            evaluator: req.evaluator.clone(),
+            evaluator: input.evaluator.clone(),
             trace: t.clone(),
             threshold,
             deadline,

@@ -75,7 +75,7 @@ struct RawRecord {
 /// Where rows come from: a JSON array held in memory (one file at a time), or JSONL streamed.
 enum Source {
     Array(ArrayScan),
-    Lines(BufReader<File>, usize),
+    Lines(Box<dyn BufRead + Send>, usize),
 }
 
 /// Walks the top-level elements of a JSON array without parsing them, keeping line numbers.
@@ -107,30 +107,43 @@ pub fn read_records(path: &Path) -> Result<Records, DataError> {
         fatal: true,
     };
     let mut f = File::open(path).map_err(|e| fatal(format!("cannot open: {e}")))?;
-    let mut head = [0u8; 512];
+    let mut head = [0u8; HEAD];
     let n = f.read(&mut head).map_err(|e| fatal(e.to_string()))?;
-    let is_array = head[..n]
-        .iter()
-        .find(|b| !b.is_ascii_whitespace())
-        .is_some_and(|&b| b == b'[');
-    let source = if is_array {
-        let text = std::fs::read_to_string(path).map_err(|e| fatal(format!("cannot read: {e}")))?;
+    if opens_array(&head[..n]) {
+        let bytes = std::fs::read(path).map_err(|e| fatal(format!("cannot read: {e}")))?;
+        return records_from_bytes(path, bytes);
+    }
+    let f = File::open(path).map_err(|e| fatal(format!("cannot open: {e}")))?;
+    Ok(Records::new(
+        path,
+        Source::Lines(Box::new(BufReader::new(f)), 0),
+    ))
+}
+
+/// The records of `bytes`, read as the file at `path` would be (which names them in errors and
+/// gives the default split); a JSON array is held in memory whole either way.
+pub fn records_from_bytes(path: &Path, bytes: Vec<u8>) -> Result<Records, DataError> {
+    let source = if opens_array(&bytes[..bytes.len().min(HEAD)]) {
+        let text = String::from_utf8(bytes).map_err(|e| DataError {
+            file: path.display().to_string(),
+            line: 0,
+            message: format!("cannot read: {e}"),
+            fatal: true,
+        })?;
         Source::Array(ArrayScan::new(text))
     } else {
-        let f = File::open(path).map_err(|e| fatal(format!("cannot open: {e}")))?;
-        Source::Lines(BufReader::new(f), 0)
+        Source::Lines(Box::new(std::io::Cursor::new(bytes)), 0)
     };
-    let split = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "data".into());
-    Ok(Records {
-        file,
-        split,
-        source,
-        index: 0,
-        failed: false,
-    })
+    Ok(Records::new(path, source))
+}
+
+/// How much of a file decides its shape: a JSON array must open within it.
+const HEAD: usize = 512;
+
+fn opens_array(head: &[u8]) -> bool {
+    head.iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'[')
 }
 
 /// Counts the rows of `path` without parsing them (for the progress bar).
@@ -231,6 +244,20 @@ impl ArrayScan {
 }
 
 impl Records {
+    fn new(path: &Path, source: Source) -> Self {
+        let split = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "data".into());
+        Records {
+            file: path.display().to_string(),
+            split,
+            source,
+            index: 0,
+            failed: false,
+        }
+    }
+
     /// The split a row without `dataset` counts under: the file's stem.
     pub fn default_split(&self) -> &str {
         &self.split

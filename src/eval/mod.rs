@@ -29,7 +29,7 @@ pub use calibrate::{Choice, Curve, ScoredTrace, first_below, rethreshold, sweep}
 pub use cli::{
     CalibrateOptions, Calibrated, ConnectOptions, EvalOptions, EvalOutcome, calibrate, eval,
 };
-pub use dataset::{DataError, Record, Records, count_records, read_records};
+pub use dataset::{DataError, Record, Records, count_records, read_records, records_from_bytes};
 pub use metric::{Averages, Counts, SplitScore, Summary, f1};
 pub use predictions::{Outcome, Row, read_rows};
 pub use report::{Calibration, Report, render_html, render_markdown};
