@@ -105,8 +105,8 @@ impl PrmEvaluator {
         };
         let folder = resolve_model(&cfg.model).ok_or_else(|| {
             fail(format!(
-                "model {} is neither a folder, a .gguf file, nor a model id in the Hugging Face \
-                 cache (for the embedded default, run scripts/fetch-smollm2.sh)",
+                "model {} does not exist as a folder or .gguf file and is not a model id in the \
+                 Hugging Face cache (for the embedded default, run scripts/fetch-smollm2.sh)",
                 cfg.model
             ))
         })?;
