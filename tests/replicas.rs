@@ -72,7 +72,7 @@ impl RoundRobin {
                 }
                 Err(s) if retryable(&s) => {
                     let counter = match s.code() {
-                        Code::Unknown => &self.broken,
+                        Code::Unknown | Code::Cancelled => &self.broken,
                         _ => &self.retries,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
@@ -93,14 +93,18 @@ impl RoundRobin {
 }
 
 /// Worth another replica: UNAVAILABLE (refused, not ready, draining), RESOURCE_EXHAUSTED, and a
-/// request in flight on a connection that broke, which tonic's client reports as UNKNOWN
-/// "transport error" from its own transport (grpc-core, under the Python client, says
-/// UNAVAILABLE). An UNKNOWN the server sent has no such source and is not retried.
+/// request in flight on a connection that broke, which tonic's client reports as UNKNOWN with
+/// the local error as its source: "transport error", or "h2 protocol error: error reading a
+/// body from connection" when the kill lands mid-body; or CANCELLED "operation was canceled"
+/// when hyper drops the request with the connection (grpc-core, under the Python client, says
+/// UNAVAILABLE). An UNKNOWN the server sent carries no source and is not retried.
 fn retryable(s: &tonic::Status) -> bool {
     match s.code() {
         Code::Unavailable | Code::ResourceExhausted => true,
-        Code::Unknown => std::error::Error::source(s)
-            .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some()),
+        Code::Unknown => std::error::Error::source(s).is_some(),
+        // Nothing here cancels a call, so a CANCELLED is the dead connection's; scoring is
+        // idempotent, so another replica may take it.
+        Code::Cancelled => true,
         _ => false,
     }
 }
