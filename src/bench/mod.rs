@@ -327,14 +327,7 @@ async fn speed(opts: BenchOptions) -> anyhow::Result<report::Report> {
     let llama = if opts.no_llama {
         None
     } else {
-        let bin = opts
-            .llama_server
-            .clone()
-            .unwrap_or_else(|| cache.join("llama-server/bin/llama-server"));
-        let gguf = opts
-            .llama_gguf
-            .clone()
-            .unwrap_or_else(|| cache.join("bench/SmolLM2-135M-Instruct.f32.gguf"));
+        let (bin, gguf) = llama_paths(&opts, &cache);
         let longest = work.traces.iter().map(|t| t.tokens).max().unwrap_or(0);
         // Room for the longest conversation plus template drift, rounded up.
         let ctx = (longest + 256).next_multiple_of(256);
@@ -530,6 +523,19 @@ async fn connect_child(
 }
 
 /// Bytes of the checkpoint's weight files: the weights in memory at f32 when they are f32.
+/// The llama-server binary and the GGUF it loads: the flags', else the cache's defaults.
+fn llama_paths(opts: &BenchOptions, cache: &Path) -> (PathBuf, PathBuf) {
+    let bin = opts
+        .llama_server
+        .clone()
+        .unwrap_or_else(|| cache.join("llama-server/bin/llama-server"));
+    let gguf = opts
+        .llama_gguf
+        .clone()
+        .unwrap_or_else(|| cache.join("bench/SmolLM2-135M-Instruct.f32.gguf"));
+    (bin, gguf)
+}
+
 fn weight_bytes(folder: &Path) -> anyhow::Result<u64> {
     if folder.is_file() {
         return Ok(folder.metadata()?.len());

@@ -216,14 +216,7 @@ async fn start_llama(
     cache: &Path,
     logs: &Path,
 ) -> anyhow::Result<LlamaServer> {
-    let bin = opts
-        .llama_server
-        .clone()
-        .unwrap_or_else(|| cache.join("llama-server/bin/llama-server"));
-    let gguf = opts
-        .llama_gguf
-        .clone()
-        .unwrap_or_else(|| cache.join("bench/SmolLM2-135M-Instruct.f32.gguf"));
+    let (bin, gguf) = super::llama_paths(opts, cache);
     eprintln!("bench: starting llama-server ({})", bin.display());
     LlamaServer::start(
         &bin,
