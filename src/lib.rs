@@ -12,9 +12,11 @@
 //!   path to an evaluator, a cascade's included), deadlines, readiness watches.
 //! - `prm/`: PRM checkpoints on candle: formats per family, the batcher thread driving a `Scorer`,
 //!   each batch's layout (`plan.rs`), the model thread's prefix cache (`prefix_cache.rs`), the
-//!   packed decoder and heads.
-//! - `judge/`: prompt templates, the reply parser and vote, the OpenAI-compatible client with its
-//!   retries, breaker, rate limit and cache.
+//!   packed decoder and heads; `remote.rs`, the same formats scored by a vLLM server.
+//! - `judge/`: prompt templates, the reply parser and vote, the chat-completions body and reply,
+//!   and the response cache.
+//! - `upstream/`: the one reliable HTTP upstream both judges and remote (vLLM) PRMs call through:
+//!   capped bodies, retries with backoff, the breaker, rate and concurrency limits, metrics.
 //! - `cascade.rs`: a PRM, then its judge when unsure.
 //! - `config/`: the file, `--set` and typed flags -> one validated `Config`, one struct per
 //!   evaluator kind (`evaluator.rs`), rules (`rules.rs`), the environment (`env.rs`).
@@ -43,6 +45,7 @@ pub mod prm;
 pub mod score;
 mod segment;
 pub mod trace;
+pub mod upstream;
 
 #[doc(hidden)]
 pub mod fuzzing {
@@ -50,6 +53,12 @@ pub mod fuzzing {
     //! property tests in `tests/fuzz_props/`; not an API.
     pub use crate::api::convert::{EvaluateInput, RankInput, parse_evaluate, parse_rank};
     pub use crate::segment::segment;
+}
+
+#[doc(hidden)]
+pub mod testing {
+    //! The in-process model opened to the integration tests' fake vLLM server; not an API.
+    pub use crate::prm::ReferenceScorer;
 }
 
 use crate::api::{BearerAuth, EvaluatorService, Readable, pb};

@@ -32,6 +32,12 @@ pub const JUDGE_REPAIRS: &str = "retrace_judge_repairs_total";
 pub const JUDGE_DISAGREEMENT: &str = "retrace_judge_vote_disagreements_total";
 pub const JUDGE_BREAKER_OPENED: &str = "retrace_judge_breaker_opened_total";
 pub const CASCADE_PATHS: &str = "retrace_cascade_total";
+pub const PRM_UPSTREAM_REQUESTS: &str = "retrace_prm_upstream_requests_total";
+pub const PRM_UPSTREAM_DURATION: &str = "retrace_prm_upstream_request_duration_seconds";
+pub const PRM_UPSTREAM_IN_FLIGHT: &str = "retrace_prm_upstream_in_flight_requests";
+pub const PRM_UPSTREAM_RETRIES: &str = "retrace_prm_upstream_retries_total";
+pub const PRM_UPSTREAM_BREAKER_OPENED: &str = "retrace_prm_upstream_breaker_opened_total";
+pub const PRM_UPSTREAM_INEXACT: &str = "retrace_prm_upstream_inexact_scores_total";
 
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -196,6 +202,34 @@ fn describe() {
         "Times the judge's circuit breaker opened, by judge."
     );
     describe_counter!(
+        PRM_UPSTREAM_REQUESTS,
+        "Remote PRM outcomes, by evaluator and outcome: replies read (ok), failed upstream \
+         exchanges (http_4xx, http_5xx, timeout, connect_error, bad_response), refusals by the \
+         breaker (circuit_open)."
+    );
+    describe_histogram!(
+        PRM_UPSTREAM_DURATION,
+        metrics::Unit::Seconds,
+        "Latency of one exchange with a remote PRM's server, by evaluator."
+    );
+    describe_gauge!(
+        PRM_UPSTREAM_IN_FLIGHT,
+        "Exchanges with a remote PRM's server open now, by evaluator."
+    );
+    describe_counter!(
+        PRM_UPSTREAM_RETRIES,
+        "Exchanges with a remote PRM's server retried, by evaluator and the outcome that caused it."
+    );
+    describe_counter!(
+        PRM_UPSTREAM_BREAKER_OPENED,
+        "Times a remote PRM's circuit breaker opened, by evaluator."
+    );
+    describe_counter!(
+        PRM_UPSTREAM_INEXACT,
+        "Steps of a causal-LM PRM on vLLM whose + or - token fell outside the top log-probabilities \
+         returned (scored with the smallest listed one as its bound), by evaluator."
+    );
+    describe_counter!(
         CASCADE_PATHS,
         "Cascade decisions, by cascade and path (prm, escalated, categorized)."
     );
@@ -306,17 +340,60 @@ pub fn record_judge_request(judge: &str, outcome: &'static str) {
     counter!(JUDGE_REQUESTS, "judge" => judge.to_string(), "outcome" => outcome).increment(1);
 }
 
-/// How long one upstream exchange took, whatever its outcome.
-pub fn record_judge_latency(judge: &str, elapsed: Duration) {
-    histogram!(JUDGE_REQUEST_DURATION, "judge" => judge.to_string()).record(elapsed.as_secs_f64());
+/// The metric families of one kind of upstream, and the label that names the evaluator: judges
+/// keep their `retrace_judge_*` names, remote PRMs have `retrace_prm_upstream_*`.
+pub struct UpstreamMetrics {
+    label: &'static str,
+    requests: &'static str,
+    duration: &'static str,
+    in_flight: &'static str,
+    retries: &'static str,
+    breaker_opened: &'static str,
 }
 
-pub fn judge_in_flight(judge: &str, delta: f64) {
-    gauge!(JUDGE_IN_FLIGHT, "judge" => judge.to_string()).increment(delta);
+pub static JUDGE_UPSTREAM: UpstreamMetrics = UpstreamMetrics {
+    label: "judge",
+    requests: JUDGE_REQUESTS,
+    duration: JUDGE_REQUEST_DURATION,
+    in_flight: JUDGE_IN_FLIGHT,
+    retries: JUDGE_RETRIES,
+    breaker_opened: JUDGE_BREAKER_OPENED,
+};
+
+pub static PRM_UPSTREAM: UpstreamMetrics = UpstreamMetrics {
+    label: "evaluator",
+    requests: PRM_UPSTREAM_REQUESTS,
+    duration: PRM_UPSTREAM_DURATION,
+    in_flight: PRM_UPSTREAM_IN_FLIGHT,
+    retries: PRM_UPSTREAM_RETRIES,
+    breaker_opened: PRM_UPSTREAM_BREAKER_OPENED,
+};
+
+impl UpstreamMetrics {
+    pub fn request(&self, name: &str, outcome: &'static str) {
+        counter!(self.requests, self.label => name.to_string(), "outcome" => outcome).increment(1);
+    }
+
+    /// How long one upstream exchange took, whatever its outcome.
+    pub fn latency(&self, name: &str, elapsed: Duration) {
+        histogram!(self.duration, self.label => name.to_string()).record(elapsed.as_secs_f64());
+    }
+
+    pub fn in_flight(&self, name: &str, delta: f64) {
+        gauge!(self.in_flight, self.label => name.to_string()).increment(delta);
+    }
+
+    pub fn retry(&self, name: &str, cause: &'static str) {
+        counter!(self.retries, self.label => name.to_string(), "cause" => cause).increment(1);
+    }
+
+    pub fn breaker_opened(&self, name: &str) {
+        counter!(self.breaker_opened, self.label => name.to_string()).increment(1);
+    }
 }
 
-pub fn record_judge_retry(judge: &str, cause: &'static str) {
-    counter!(JUDGE_RETRIES, "judge" => judge.to_string(), "cause" => cause).increment(1);
+pub fn record_prm_inexact(evaluator: &str, steps: u64) {
+    counter!(PRM_UPSTREAM_INEXACT, "evaluator" => evaluator.to_string()).increment(steps);
 }
 
 pub fn record_judge_tokens(judge: &str, prompt: u64, completion: u64) {
@@ -337,10 +414,6 @@ pub fn record_judge_repair(judge: &str, repaired: bool) {
 
 pub fn record_judge_disagreement(judge: &str) {
     counter!(JUDGE_DISAGREEMENT, "judge" => judge.to_string()).increment(1);
-}
-
-pub fn record_breaker_opened(judge: &str) {
-    counter!(JUDGE_BREAKER_OPENED, "judge" => judge.to_string()).increment(1);
 }
 
 pub fn record_cascade(cascade: &str, path: &'static str) {

@@ -41,14 +41,44 @@ pub enum KindConfig {
     Cascade(CascadeConfig),
 }
 
-/// A PRM checkpoint served in-process.
+/// A PRM checkpoint, served in-process or by a vLLM server this process formats for.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PrmConfig {
     /// Decides the input format and the head (a causal-LM PRM can't be told from its config).
     pub family: Family,
-    /// A local Hugging Face folder, or an `org/name` id already in the Hugging Face cache.
+    /// A local Hugging Face folder, or an `org/name` id already in the Hugging Face cache. With
+    /// `backend = "vllm"` only its tokenizer files are read.
     pub model: String,
+    /// Where the model runs: `candle`, in this process (the default), or `vllm`, a vLLM server
+    /// at `base_url` that gets the token ids this process formats.
+    #[serde(default)]
+    pub backend: Backend,
+    /// The vLLM server's root, e.g. `http://gpu-0:8000` (backend = "vllm" only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// The name the vLLM server serves the model under; its only model when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_model: Option<String>,
+    /// Environment variable holding the vLLM server's API key (`vllm serve --api-key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// Seconds one exchange with the vLLM server may take (`defaults::TIMEOUT_S`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    /// Retries of a failed exchange within the deadline (`defaults::RETRIES`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_failures: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_cooldown_s: Option<f64>,
+    /// Causal-LM families on vLLM: log-probabilities asked per position (`prompt_logprobs`; at
+    /// most the server's `--max-logprobs`); `defaults::TOP_LOGPROBS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
     #[serde(default)]
     pub device: DeviceSpec,
     /// f32 on the CPU, bf16 on a GPU when unset.
@@ -150,6 +180,18 @@ pub struct CascadeConfig {
     pub categorize: bool,
 }
 
+/// What computes a PRM's scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The checkpoint on candle, in this process.
+    #[default]
+    Candle,
+    /// A vLLM server (`/pooling` for token-classification PRMs, `/v1/completions` with
+    /// `prompt_logprobs` for causal-LM ones).
+    Vllm,
+}
+
 /// Where a PRM runs: `"cpu"`, `"cuda"` (device 0) or `"cuda:N"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceSpec {
@@ -183,6 +225,10 @@ pub mod defaults {
     pub const BREAKER_COOLDOWN_S: f64 = 10.0;
     pub const CACHE_ENTRIES: usize = 1024;
     pub const ESCALATE_MARGIN: f32 = 0.1;
+    /// A trained PRM's top two at a step's end are its plus and minus tokens; a few more leave
+    /// room for a chat model that spreads its mass, at about 60 bytes per position and
+    /// log-probability.
+    pub const TOP_LOGPROBS: u32 = 5;
 
     pub(super) fn threshold() -> f32 {
         THRESHOLD
@@ -283,6 +329,16 @@ impl PrmConfig {
         PrmConfig {
             family,
             model: model.into(),
+            backend: Backend::Candle,
+            base_url: None,
+            served_model: None,
+            api_key_env: None,
+            timeout_s: None,
+            retries: None,
+            requests_per_minute: None,
+            breaker_failures: None,
+            breaker_cooldown_s: None,
+            top_logprobs: None,
             device: DeviceSpec::Cpu,
             dtype: None,
             max_batch_tokens: defaults::MAX_BATCH_TOKENS,

@@ -11,7 +11,8 @@ mod reward;
 mod rules;
 
 pub use evaluator::{
-    CascadeConfig, DeviceSpec, Dtype, EvaluatorConfig, JudgeConfig, KindConfig, PrmConfig, defaults,
+    Backend, CascadeConfig, DeviceSpec, Dtype, EvaluatorConfig, JudgeConfig, KindConfig, PrmConfig,
+    defaults,
 };
 pub use flags::ServerFlags;
 pub use reward::{LabelsAs, QuestionFrom, RewardConfig, RewardRule};

@@ -1,8 +1,11 @@
 //! The rules a type can't express, one function per kind; each message names the key at fault.
 
-use super::evaluator::{CascadeConfig, EvaluatorConfig, JudgeConfig, KindConfig, PrmConfig};
+use super::evaluator::{
+    Backend, CascadeConfig, DeviceSpec, EvaluatorConfig, JudgeConfig, KindConfig, PrmConfig,
+};
 use super::{MAX_CAPACITY, MAX_GRACE_S};
 use crate::judge::OutputMode;
+use crate::prm::format::Family;
 
 /// Most samples one judge may vote over: each is a full judge reply.
 pub const MAX_SAMPLES: u32 = 64;
@@ -33,6 +36,7 @@ fn check_prm(p: &PrmConfig) -> Result<(), String> {
     if p.model.trim().is_empty() {
         return Err("model must name a checkpoint folder or .gguf file".into());
     }
+    check_backend(p)?;
     let gguf = std::path::Path::new(&p.model)
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
@@ -61,6 +65,74 @@ fn check_prm(p: &PrmConfig) -> Result<(), String> {
             "prefix_cache_mb must be at most 1048576 (1 TiB), got {}",
             p.prefix_cache_mb
         ));
+    }
+    Ok(())
+}
+
+/// The vLLM keys go with `backend = "vllm"` and nothing else; what vLLM can't serve exactly is
+/// refused here rather than scored wrong.
+fn check_backend(p: &PrmConfig) -> Result<(), String> {
+    let remote_keys = [
+        ("base_url", p.base_url.is_some()),
+        ("served_model", p.served_model.is_some()),
+        ("api_key_env", p.api_key_env.is_some()),
+        ("timeout_s", p.timeout_s.is_some()),
+        ("retries", p.retries.is_some()),
+        ("requests_per_minute", p.requests_per_minute.is_some()),
+        ("breaker_failures", p.breaker_failures.is_some()),
+        ("breaker_cooldown_s", p.breaker_cooldown_s.is_some()),
+        ("top_logprobs", p.top_logprobs.is_some()),
+    ];
+    if p.backend == Backend::Candle {
+        if let Some((key, _)) = remote_keys.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "{key} applies only to backend = \"vllm\"; this PRM runs in-process"
+            ));
+        }
+        return Ok(());
+    }
+    let url = p.base_url.as_deref().unwrap_or("");
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!(
+            "base_url must be the vLLM server's http:// or https:// root (backend = \"vllm\"), got {url:?}"
+        ));
+    }
+    if p.family == Family::Skywork {
+        return Err(
+            "backend: vLLM has no pooler that returns skywork-prm's value head per step; \
+             serve it with backend = \"candle\""
+                .into(),
+        );
+    }
+    if p.device != DeviceSpec::Cpu || p.dtype.is_some() {
+        return Err(
+            "device and dtype: with backend = \"vllm\" the server's own flags (--dtype, \
+             --tensor-parallel-size) decide them; leave them out"
+                .into(),
+        );
+    }
+    if let Some(t) = p.timeout_s.filter(|t| !(*t > 0.0 && *t <= MAX_GRACE_S)) {
+        return Err(format!("timeout_s must lie in (0, {MAX_GRACE_S}], got {t}"));
+    }
+    if p.retries.is_some_and(|r| r > MAX_RETRIES) {
+        return Err(format!("retries must be at most {MAX_RETRIES}"));
+    }
+    if p.breaker_failures == Some(0) {
+        return Err("breaker_failures must be at least 1".into());
+    }
+    if let Some(c) = p
+        .breaker_cooldown_s
+        .filter(|c| !(*c > 0.0 && *c <= MAX_GRACE_S))
+    {
+        return Err(format!(
+            "breaker_cooldown_s must lie in (0, {MAX_GRACE_S}], got {c}"
+        ));
+    }
+    if p.requests_per_minute == Some(0) {
+        return Err("requests_per_minute must be at least 1 (leave it out for no limit)".into());
+    }
+    if p.top_logprobs.is_some_and(|k| !(2..=100).contains(&k)) {
+        return Err("top_logprobs must lie in [2, 100]".into());
     }
     Ok(())
 }

@@ -188,9 +188,9 @@ fn bad_judge_and_cascade_values_are_named() {
 
 #[test]
 fn key_of_another_kind_is_refused() {
-    let text = EXAMPLE.replace("device = \"cpu\"", "base_url = \"http://x\"");
+    let text = EXAMPLE.replace("device = \"cpu\"", "temperature = 0.5");
     let err = parse(&text).unwrap_err();
-    assert!(err.message.contains("unknown field `base_url`"), "{err}");
+    assert!(err.message.contains("unknown field `temperature`"), "{err}");
 }
 
 #[test]
@@ -314,11 +314,11 @@ fn an_unknown_kind_or_a_typo_names_the_key_and_the_line() {
         "{err}"
     );
     let err =
-        Config::parse(EXAMPLE, "t", &["evaluator.qwen-prm.base_url=\"x\"".into()]).unwrap_err();
+        Config::parse(EXAMPLE, "t", &["evaluator.qwen-prm.temperature=0.5".into()]).unwrap_err();
     assert!(
         err.message
             .contains("after --set overrides: evaluator[0] (\"qwen-prm\")")
-            && err.message.contains("unknown field `base_url`"),
+            && err.message.contains("unknown field `temperature`"),
         "{err}"
     );
 }
@@ -378,4 +378,56 @@ fn the_resolved_config_renders_and_reads_back_the_same() {
     let back = Config::parse(&rendered, "rendered", &[]).unwrap();
     assert_eq!(back.evaluators, c.evaluators, "{rendered}");
     assert!(rendered.contains("kind = \"cascade\""), "{rendered}");
+}
+
+#[test]
+fn a_vllm_backed_prm_validates_its_keys() {
+    let vllm = EXAMPLE.replace(
+        "device = \"cpu\"\n",
+        "backend = \"vllm\"\nbase_url = \"http://gpu-0:8000\"\nserved_model = \"prm\"\ntimeout_s = 30\n",
+    );
+    let c = parse(&vllm).unwrap();
+    let KindConfig::Prm(p) = &c.evaluators[0].kind else {
+        panic!("a prm table")
+    };
+    assert_eq!(p.backend, Backend::Vllm);
+    assert_eq!(p.base_url.as_deref(), Some("http://gpu-0:8000"));
+    let cases = [
+        // A vLLM key on an in-process PRM.
+        (
+            EXAMPLE.replace("device = \"cpu\"", "base_url = \"http://x\""),
+            "base_url applies only to backend = \"vllm\"",
+        ),
+        (
+            EXAMPLE.replace("device = \"cpu\"", "top_logprobs = 5"),
+            "top_logprobs applies only",
+        ),
+        (
+            vllm.replace("base_url = \"http://gpu-0:8000\"\n", ""),
+            "base_url must be the vLLM server's",
+        ),
+        (
+            vllm.replace("http://gpu-0:8000", "gpu-0:8000"),
+            "got \"gpu-0:8000\"",
+        ),
+        (
+            vllm.replace("family = \"qwen2-math-prm\"", "family = \"skywork-prm\""),
+            "skywork-prm's value head",
+        ),
+        (format!("{vllm}dtype = \"bf16\"\n"), "device and dtype"),
+        (
+            format!("{vllm}top_logprobs = 1\n"),
+            "top_logprobs must lie in [2, 100]",
+        ),
+        (format!("{vllm}retries = 99\n"), "retries must be at most"),
+        (
+            vllm.replace("timeout_s = 30", "timeout_s = 0"),
+            "timeout_s must lie in",
+        ),
+        (format!("{vllm}backend_url = \"x\"\n"), "backend_url"),
+    ];
+    for (text, needle) in cases {
+        let err = parse(&text).unwrap_err();
+        assert!(err.message.contains(needle), "{needle:?} not in {err}");
+    }
 }

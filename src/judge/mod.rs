@@ -7,16 +7,16 @@ pub(crate) mod client;
 mod evaluator;
 pub mod output;
 pub mod parse;
-pub(crate) mod policy;
 pub(crate) mod prompt;
 
-pub use call::{CallError, CallPolicy};
+pub use crate::upstream::{CallError, CallPolicy};
 pub use evaluator::JudgeEvaluator;
 pub use output::{OutputMode, UpstreamKind};
 
 use crate::config::{EvaluatorConfig, JudgeConfig, Secret, env};
 use crate::engine::EngineError;
-use client::{AttemptError, ChatParams, Upstream};
+use crate::upstream::Endpoint;
+use client::ChatParams;
 use prompt::{PromptError, Template, TemplateKind, Templates};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -40,11 +40,7 @@ impl JudgeError {
     pub fn into_engine(self, judge: &str) -> EngineError {
         let message = format!("judge {judge:?}: {self}");
         match self {
-            JudgeError::Call(CallError::Deadline(_))
-            | JudgeError::Call(CallError::Upstream {
-                error: AttemptError::Timeout | AttemptError::Stalled(_),
-                ..
-            }) => EngineError::DeadlineExceeded(message),
+            JudgeError::Call(e) if e.is_timeout() => EngineError::DeadlineExceeded(message),
             JudgeError::Call(_) | JudgeError::Unreadable { .. } => {
                 EngineError::Unavailable(message)
             }
@@ -65,7 +61,8 @@ pub fn load(common: &EvaluatorConfig, config: &JudgeConfig) -> Result<JudgeEvalu
         },
         None => None,
     };
-    let upstream = Upstream::new(&config.base_url, api_key).map_err(at)?;
+    let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+    let endpoint = Endpoint::new(url, api_key).map_err(at)?;
     let extra = serde_json::to_value(&config.extra_body)
         .ok()
         .and_then(|v| v.as_object().cloned())
@@ -89,7 +86,6 @@ pub fn load(common: &EvaluatorConfig, config: &JudgeConfig) -> Result<JudgeEvalu
         timeout: Duration::from_secs_f64(config.timeout_s),
         breaker_failures: config.breaker_failures,
         breaker_cooldown: Duration::from_secs_f64(config.breaker_cooldown_s),
-        cache_entries: config.cache_entries,
     };
     Ok(JudgeEvaluator {
         name: common.name.clone(),
@@ -102,7 +98,7 @@ pub fn load(common: &EvaluatorConfig, config: &JudgeConfig) -> Result<JudgeEvalu
         output: config.output_mode(),
         upstream: config.upstream,
         text_fallback: AtomicBool::new(false),
-        caller: call::Caller::new(&common.name, upstream, policy),
+        caller: call::Caller::new(&common.name, endpoint, policy, config.cache_entries),
     })
 }
 

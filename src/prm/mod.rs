@@ -12,12 +12,13 @@ pub(crate) mod model_config;
 mod packing;
 mod plan;
 mod prefix_cache;
+pub mod remote;
 mod template;
 mod weights;
 
 pub use batcher::{BatchError, Budget, Scorer, next_batch};
 
-use crate::config::{Dtype, EvaluatorConfig, PrmConfig, env};
+use crate::config::{Backend, Dtype, EvaluatorConfig, PrmConfig, env};
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics;
 use crate::trace::Judgement;
@@ -90,8 +91,12 @@ pub struct PrmEvaluator {
     batcher: Batcher,
 }
 
-/// Loads the PRM an `[[evaluator]]` table describes (runs on a blocking thread).
+/// Loads the PRM an `[[evaluator]]` table describes (runs on a blocking thread): the checkpoint
+/// on candle, or the formatter in front of a vLLM server.
 pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<Arc<dyn Evaluator>, EngineError> {
+    if cfg.backend == Backend::Vllm {
+        return remote::load(common, cfg);
+    }
     Ok(Arc::new(
         PrmEvaluator::load(common, cfg).map_err(EngineError::from)?,
     ))
@@ -276,5 +281,46 @@ impl Evaluator for PrmEvaluator {
             judgement.tokens = Some((scored.tokens.computed, scored.tokens.reused));
             Ok(judgement)
         })
+    }
+}
+
+/// The in-process model scoring given ids at given positions, for the tests' fake vLLM server,
+/// which must answer with a real model's scores; not an API.
+#[doc(hidden)]
+pub struct ReferenceScorer {
+    model: PrmModel,
+    head: model::HeadSpec,
+}
+
+impl ReferenceScorer {
+    pub fn load(family: Family, folder: &Path) -> Result<ReferenceScorer, String> {
+        let formatter = Formatter::load(family, folder)?;
+        let model = PrmModel::load(
+            folder,
+            formatter.head_spec(),
+            &candle_core::Device::Cpu,
+            DType::F32,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(ReferenceScorer {
+            model,
+            head: formatter.head_spec(),
+        })
+    }
+
+    /// The (plus, minus) token ids a causal-LM family reads.
+    pub fn pair(&self) -> Option<(u32, u32)> {
+        match self.head {
+            model::HeadSpec::LmPair { plus, minus } => Some((plus, minus)),
+            _ => None,
+        }
+    }
+
+    pub fn score(&self, ids: &[u32], positions: &[usize]) -> Result<Vec<f32>, String> {
+        let mut rows = self
+            .model
+            .score(&[ids], &[positions])
+            .map_err(|e| e.to_string())?;
+        Ok(rows.pop().unwrap_or_default())
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod llama;
 pub mod upstream;
+pub mod vllm;
 pub mod wire;
 
 use futures::future::BoxFuture;

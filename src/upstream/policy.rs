@@ -1,6 +1,6 @@
-//! Reliability policy for one judge upstream: which failures are retried, how long to back off
-//! (jittered, Retry-After first), and the circuit breaker. Clock values are passed in, so every
-//! rule here is tested without sleeping.
+//! Reliability policy for one upstream (a judge's chat endpoint, a remote PRM): which failures are
+//! retried, how long to back off (jittered, Retry-After first), and the circuit breaker. Clock
+//! values are passed in, so every rule here is tested without sleeping.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -46,7 +46,7 @@ pub fn fits(now: Instant, wait: Duration, deadline: Option<Instant>, min_useful:
     deadline.is_none_or(|d| now + wait + min_useful <= d)
 }
 
-/// A per-judge circuit breaker: after `threshold` consecutive failed attempts it opens and
+/// A per-upstream circuit breaker: after `threshold` consecutive failed attempts it opens and
 /// refuses calls for `cooldown`; then one probe goes through (half-open). The probe's success
 /// closes it; its failure opens it for another cooldown.
 #[derive(Debug)]
