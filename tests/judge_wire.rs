@@ -6,10 +6,10 @@
 mod common;
 
 use common::wire::{Wire, WireUpstream};
-use common::{TestServer, request, steps_trace};
+use common::{TestServer, evaluate_within, steps_trace};
 use retrace::api::pb;
 use retrace::config::Config;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tonic::Code;
 
 /// Every request's gRPC deadline.
@@ -35,22 +35,7 @@ async fn judge_server(name: &str, upstream: &WireUpstream, extra: &str) -> TestS
 /// status came back within the deadline and the slack.
 async fn judge(s: &TestServer, evaluator: &str) -> Result<pb::EvaluateResponse, tonic::Status> {
     let trace = steps_trace("What is 2 + 3?", &["2 + 3 = 5.", "5 is even.", "So 5."]);
-    let mut req = tonic::Request::new(request("r", evaluator, trace));
-    req.metadata_mut().insert(
-        "grpc-timeout",
-        format!("{}m", DEADLINE.as_millis()).parse().unwrap(),
-    );
-    let mut client = s.client().await;
-    let started = Instant::now();
-    let result = tokio::time::timeout(DEADLINE + SLACK, client.evaluate(req))
-        .await
-        .unwrap_or_else(|_| panic!("no status within {:?}", DEADLINE + SLACK));
-    assert!(
-        started.elapsed() < DEADLINE + SLACK,
-        "took {:?}",
-        started.elapsed()
-    );
-    result.map(|r| r.into_inner())
+    evaluate_within(s, evaluator, trace, DEADLINE, SLACK).await
 }
 
 /// The request's status, which must be an error with `code` whose message holds every needle.

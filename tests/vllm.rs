@@ -8,14 +8,14 @@ mod common;
 
 use common::vllm::{FakeVllm, Fault, Pooling};
 use common::wire::{Wire, WireUpstream};
-use common::{TestServer, processbench, request, sample, steps_trace};
+use common::{TestServer, evaluate_within, processbench, sample, steps_trace};
 use retrace::api::pb;
 use retrace::config::Config;
 use retrace::prm::format::{Family, Formatter};
 use retrace::trace::{Step, Trace};
 use serde::Deserialize;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tonic::Code;
 
 const DEADLINE: Duration = Duration::from_secs(2);
@@ -80,22 +80,7 @@ async fn evaluate(
     evaluator: &str,
     trace: pb::Trace,
 ) -> Result<pb::EvaluateResponse, tonic::Status> {
-    let mut req = tonic::Request::new(request("r", evaluator, trace));
-    req.metadata_mut().insert(
-        "grpc-timeout",
-        format!("{}m", DEADLINE.as_millis()).parse().unwrap(),
-    );
-    let mut client = s.client().await;
-    let started = Instant::now();
-    let result = tokio::time::timeout(DEADLINE + SLACK, client.evaluate(req))
-        .await
-        .unwrap_or_else(|_| panic!("no status within {:?}", DEADLINE + SLACK));
-    assert!(
-        started.elapsed() < DEADLINE + SLACK,
-        "took {:?}",
-        started.elapsed()
-    );
-    result.map(|r| r.into_inner())
+    evaluate_within(s, evaluator, trace, DEADLINE, SLACK).await
 }
 
 fn short_trace() -> pb::Trace {

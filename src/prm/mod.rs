@@ -108,13 +108,11 @@ impl PrmEvaluator {
             name: common.name.clone(),
             message,
         };
-        let folder = resolve_model(&cfg.model).ok_or_else(|| {
-            fail(format!(
-                "model {} does not exist as a folder or .gguf file and is not a model id in the \
-                 Hugging Face cache (for the embedded default, run scripts/fetch-smollm2.sh)",
-                cfg.model
-            ))
-        })?;
+        let folder = find_model(
+            &cfg.model,
+            "for the embedded default, run scripts/fetch-smollm2.sh",
+        )
+        .map_err(fail)?;
         let device = model::device(cfg.device).map_err(|e| fail(e.to_string()))?;
         let dtype = match cfg.dtype() {
             Dtype::F32 => DType::F32,
@@ -193,6 +191,16 @@ pub(crate) fn gguf_config(path: &Path) -> Result<model_config::ModelConfig, Stri
     gguf::Gguf::open(path)
         .and_then(|g| g.config())
         .map_err(|e| e.to_string())
+}
+
+/// `resolve_model`, or the message that says where `model` was looked for, ending in `hint`.
+fn find_model(model: &str, hint: &str) -> Result<PathBuf, String> {
+    resolve_model(model).ok_or_else(|| {
+        format!(
+            "model {model} does not exist as a folder or .gguf file and is not a model id in the \
+             Hugging Face cache ({hint})"
+        )
+    })
 }
 
 /// A local folder or `.gguf` file, or else a hub id (`org/name`) already in the standard Hugging Face cache

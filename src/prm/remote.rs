@@ -11,7 +11,7 @@
 
 use super::format::{Encoded, Family, Formatter};
 use super::model::HeadSpec;
-use super::{PrmError, resolve_model};
+use super::{PrmError, find_model};
 use crate::config::{EvaluatorConfig, PrmConfig, Secret, defaults, env};
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics;
@@ -58,14 +58,11 @@ impl RemotePrm {
             name: common.name.clone(),
             message,
         };
-        let folder = resolve_model(&cfg.model).ok_or_else(|| {
-            fail(format!(
-                "model {} does not exist as a folder or .gguf file and is not a model id in the \
-                 Hugging Face cache (with backend = \"vllm\" it holds the tokenizer retrace \
-                 formats with)",
-                cfg.model
-            ))
-        })?;
+        let folder = find_model(
+            &cfg.model,
+            "with backend = \"vllm\" it holds the tokenizer retrace formats with",
+        )
+        .map_err(fail)?;
         let formatter = Formatter::load(cfg.family, &folder).map_err(fail)?;
         let route = match cfg.family {
             Family::QwenMathPrm => Route::Pooling,
@@ -397,6 +394,7 @@ impl Evaluator for RemotePrm {
                     EngineError::Unavailable(message)
                 }
             })?;
+            metrics::record_stage(&self.name, metrics::Stage::Inference, sent.elapsed());
             metrics::PRM_UPSTREAM.request(&self.name, "ok");
             if scored.inexact > 0 {
                 metrics::record_prm_inexact(&self.name, scored.inexact as u64);

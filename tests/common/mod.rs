@@ -245,6 +245,33 @@ pub fn steps_trace(question: &str, steps: &[&str]) -> pb::Trace {
     }
 }
 
+/// One Evaluate with `deadline` in its header (the server enforces it); fails the test if no
+/// status came back within the deadline and `slack`.
+pub async fn evaluate_within(
+    s: &TestServer,
+    evaluator: &str,
+    trace: pb::Trace,
+    deadline: Duration,
+    slack: Duration,
+) -> Result<pb::EvaluateResponse, tonic::Status> {
+    let mut req = tonic::Request::new(request("r", evaluator, trace));
+    req.metadata_mut().insert(
+        "grpc-timeout",
+        format!("{}m", deadline.as_millis()).parse().unwrap(),
+    );
+    let mut client = s.client().await;
+    let started = std::time::Instant::now();
+    let result = tokio::time::timeout(deadline + slack, client.evaluate(req))
+        .await
+        .unwrap_or_else(|_| panic!("no status within {:?}", deadline + slack));
+    assert!(
+        started.elapsed() < deadline + slack,
+        "took {:?}",
+        started.elapsed()
+    );
+    result.map(|r| r.into_inner())
+}
+
 pub fn request(id: &str, evaluator: &str, trace: pb::Trace) -> pb::EvaluateRequest {
     pb::EvaluateRequest {
         id: id.into(),
