@@ -184,12 +184,13 @@ pub async fn bench(
             }
         }
     }
-    let rss = match servers.iter().find(|(w, _)| *w == Who::Cache) {
-        Some((_, s)) => Some(s.guard.peak_rss()?),
-        None => None,
-    };
+    // Every server's peak, so the cache's share of the cache server's shows against the others.
+    let mut rss = Vec::new();
+    for (who, s) in &servers {
+        rss.push((*who, s.guard.peak_rss()?));
+    }
     let weights = super::weight_bytes(model)?;
-    Ok(report(opts, kinds, &runs, rss, weights))
+    Ok(report(opts, kinds, &runs, &rss, weights))
 }
 
 /// Starts `retrace serve` for one contender and connects.
@@ -466,7 +467,7 @@ fn report(
     opts: &BenchOptions,
     kinds: &[Kind],
     runs: &[Measured],
-    rss: Option<u64>,
+    rss: &[(Who, u64)],
     weights: u64,
 ) -> String {
     let mut out = String::new();
@@ -567,7 +568,14 @@ fn report(
             _ => {}
         }
     }
-    if let Some(rss) = rss {
+    if !rss.is_empty() {
+        let peaks: Vec<String> = rss
+            .iter()
+            .map(|(who, b)| format!("{} {:.0} MiB", who.name(), *b as f64 / 1048576.0))
+            .collect();
+        verdicts.push(format!("peak RSS by server: {}", peaks.join("; ")));
+    }
+    if let Some(&(_, rss)) = rss.iter().find(|(w, _)| *w == Who::Cache) {
         let budget = defaults_budget(opts);
         let limit = 1.5 * weights as f64 + budget as f64 + (256u64 << 20) as f64;
         verdicts.push(format!(
