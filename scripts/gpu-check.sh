@@ -93,10 +93,13 @@ fi
 "$BIN" --version > "$OUTDIR/retrace-version.txt" 2>&1 || true
 
 # The whole run stays under 8 minutes; each stage inside has its own limit and result file.
+rm -f "$OUTDIR/summary.md"
 set +e
 timeout -k 10 470 "$PY" "$ROOT/scripts/gpu_check.py" --mode "$MODE" --retrace "$BIN" \
   --tokenizer "$TOK" --data "$DATA" --out "$OUTDIR" --work "$WORK" 2>&1 | tee "$OUTDIR/gpu-check.log"
 rc=${PIPESTATUS[0]}
+# After a timeout the stages that finished still have their files; summarise those.
+[[ -f "$OUTDIR/summary.md" ]] || "$PY" "$ROOT/scripts/gpu_check.py" --summary-only --out "$OUTDIR" || true
 set -e
 [[ -f "$OUTDIR/summary.md" ]] && cat "$OUTDIR/summary.md"
 # Checkpoints (the 7B one is 15 GB) and the unpacked binary are scratch and must not land in $OUT.

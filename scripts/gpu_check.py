@@ -448,15 +448,19 @@ def summary(out):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["cuda", "cpu"], required=True)
-    ap.add_argument("--retrace", required=True)
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--mode", choices=["cuda", "cpu"], default="cpu")
+    ap.add_argument("--retrace")
+    ap.add_argument("--tokenizer")
+    ap.add_argument("--data")
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", default=None, help="where checkpoints go (default OUT/../gpu-check-work)")
     ap.add_argument("--traces", type=int, default=None)
     ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--summary-only", action="store_true", help="rewrite summary.md from the result files")
     a = ap.parse_args()
+    if a.summary_only:
+        summary(a.out)
+        return 0
     a.device = "cuda" if a.mode == "cuda" else "cpu"
     os.makedirs(a.out, exist_ok=True)
     work = a.work or os.path.join(os.path.dirname(os.path.abspath(a.out)), "gpu-check-work")
@@ -482,9 +486,9 @@ def main():
             return {"checkpoint": ckpt["big"], "params": params, "made_s": round(made, 1),
                     "server_ready_s": round(state["big_server"].wait_ready(150), 1)}
         try:
-            if stage(a.out, "load_7b", 240, start_big)["ok"]:
-                stage(a.out, "exact_bf16", 90, run_exact_bf16, a, ckpt, traces, encoded, state)
-                stage(a.out, "throughput", 150, run_throughput, a, state["big_server"], encoded, traces,
+            if stage(a.out, "load_7b", 200, start_big)["ok"]:
+                stage(a.out, "exact_bf16", 80, run_exact_bf16, a, ckpt, traces, encoded, state)
+                stage(a.out, "throughput", 120, run_throughput, a, state["big_server"], encoded, traces,
                       state["hf_bf16"].params, state["hf_bf16"])
         finally:
             if "big_server" in state:
