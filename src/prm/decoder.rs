@@ -18,7 +18,7 @@ use candle_nn::{RmsNorm, VarBuilder, rotary_emb::rope};
 
 /// Bytes of f32 attention scores one query chunk may take; longer inputs are split into chunks
 /// of query rows so memory grows as L * chunk instead of L * L.
-const SCORES_BUDGET_BYTES: usize = 256 << 20;
+pub(super) const SCORES_BUDGET_BYTES: usize = 256 << 20;
 
 /// Most queries per attention chunk. A chunk attends only to keys up to its last query, so
 /// smaller chunks skip more of the causally masked upper triangle (whole-row chunks computed,
@@ -29,7 +29,7 @@ const QUERY_BLOCK: usize = 128;
 /// `QUERY_BLOCK` on a GPU. There every chunk costs a dozen kernel launches whatever its size,
 /// and a (1,024 x keys) score block is still small for the card, so fewer, larger chunks win
 /// over skipping more of the masked triangle.
-const QUERY_BLOCK_GPU: usize = 1024;
+pub(super) const QUERY_BLOCK_GPU: usize = 1024;
 
 struct Attention {
     q_proj: Lin,
@@ -77,7 +77,7 @@ pub struct Decoder {
     /// `SCORES_BUDGET_BYTES`; tests lower it to force chunking.
     pub(super) scores_budget: usize,
     /// Most queries per attention chunk: `QUERY_BLOCK`, or `QUERY_BLOCK_GPU` off the CPU.
-    query_block: usize,
+    pub(super) query_block: usize,
 }
 
 /// Query rows of one attention call. `Full`: every stream token of every segment, each
