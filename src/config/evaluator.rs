@@ -84,9 +84,10 @@ pub struct PrmConfig {
     /// f32 on the CPU, bf16 on a GPU when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<Dtype>,
-    /// Most tokens per packed batch (their sum; rows are not padded).
-    #[serde(default = "defaults::max_batch_tokens")]
-    pub max_batch_tokens: usize,
+    /// Most tokens per packed batch (their sum; rows are not padded). When unset, the default
+    /// for the device (see `max_batch_tokens()`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batch_tokens: Option<usize>,
     #[serde(default = "defaults::max_batch_size")]
     pub max_batch_size: usize,
     /// How long the first request of a batch may wait for company.
@@ -214,6 +215,9 @@ pub mod defaults {
     pub const THRESHOLD: f32 = 0.5;
     pub const MAX_CONCURRENCY: usize = 256;
     pub const MAX_BATCH_TOKENS: usize = 8192;
+    /// On a GPU: a 7B model's activations for 32k packed tokens take a few GiB next to its
+    /// 15 GiB of bf16 weights, and the matmuls need thousands of rows to fill a large card.
+    pub const MAX_BATCH_TOKENS_CUDA: usize = 32768;
     pub const MAX_BATCH_SIZE: usize = 32;
     pub const MAX_WAIT_MS: u64 = 2;
     pub const JUDGE_MAX_TOKENS: u32 = 1024;
@@ -235,9 +239,6 @@ pub mod defaults {
     }
     pub(super) fn max_concurrency() -> usize {
         MAX_CONCURRENCY
-    }
-    pub(super) fn max_batch_tokens() -> usize {
-        MAX_BATCH_TOKENS
     }
     pub(super) fn max_batch_size() -> usize {
         MAX_BATCH_SIZE
@@ -341,12 +342,20 @@ impl PrmConfig {
             top_logprobs: None,
             device: DeviceSpec::Cpu,
             dtype: None,
-            max_batch_tokens: defaults::MAX_BATCH_TOKENS,
+            max_batch_tokens: None,
             max_batch_size: defaults::MAX_BATCH_SIZE,
             max_wait_ms: defaults::MAX_WAIT_MS,
             prefix_cache_mb: defaults::PREFIX_CACHE_MB,
             prefix_sharing: true,
         }
+    }
+
+    /// The batch budget in force: the table's, else the device's default.
+    pub fn max_batch_tokens(&self) -> usize {
+        self.max_batch_tokens.unwrap_or(match self.device {
+            DeviceSpec::Cpu => defaults::MAX_BATCH_TOKENS,
+            DeviceSpec::Cuda(_) => defaults::MAX_BATCH_TOKENS_CUDA,
+        })
     }
 
     /// The dtype in force: the table's, else f32 on the CPU and bf16 on a GPU.

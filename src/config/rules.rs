@@ -50,7 +50,7 @@ fn check_prm(p: &PrmConfig) -> Result<(), String> {
     if p.max_batch_size == 0 {
         return Err("max_batch_size must be at least 1".into());
     }
-    if p.max_batch_tokens == 0 {
+    if p.max_batch_tokens == Some(0) {
         return Err("max_batch_tokens must be at least 1".into());
     }
     if p.max_wait_ms > 60_000 {

@@ -32,7 +32,7 @@ fn example_parses() {
     };
     assert_eq!(p.family, Family::QwenMathPrm);
     assert_eq!(p.device, DeviceSpec::Cpu);
-    assert_eq!(p.max_batch_tokens, defaults::MAX_BATCH_TOKENS);
+    assert_eq!(p.max_batch_tokens(), defaults::MAX_BATCH_TOKENS);
     assert_eq!(c.evaluators[0].threshold, 0.5);
 }
 
@@ -228,6 +228,7 @@ fn overrides_apply_and_validate() {
         panic!("a prm table")
     };
     assert_eq!(p.device, DeviceSpec::Cuda(1));
+    assert_eq!(p.max_batch_tokens(), defaults::MAX_BATCH_TOKENS_CUDA);
     let err = Config::parse(EXAMPLE, "t", &["evaluator.nope.threshold=1".into()]).unwrap_err();
     assert!(
         err.message.contains("no evaluator is named \"nope\""),

@@ -18,13 +18,18 @@ use candle_nn::{RmsNorm, VarBuilder, rotary_emb::rope};
 
 /// Bytes of f32 attention scores one query chunk may take; longer inputs are split into chunks
 /// of query rows so memory grows as L * chunk instead of L * L.
-const SCORES_BUDGET_BYTES: usize = 256 << 20;
+pub(super) const SCORES_BUDGET_BYTES: usize = 256 << 20;
 
 /// Most queries per attention chunk. A chunk attends only to keys up to its last query, so
 /// smaller chunks skip more of the causally masked upper triangle (whole-row chunks computed,
 /// exponentiated and masked all of it: at 1,024 tokens attention took ~45% of the forward for
 /// ~14% of its useful FLOPs); 128 queries still make matmuls large enough to run near peak.
 const QUERY_BLOCK: usize = 128;
+
+/// `QUERY_BLOCK` on a GPU. There every chunk costs a dozen kernel launches whatever its size,
+/// and a (1,024 x keys) score block is still small for the card, so fewer, larger chunks win
+/// over skipping more of the masked triangle.
+pub(super) const QUERY_BLOCK_GPU: usize = 1024;
 
 struct Attention {
     q_proj: Lin,
@@ -71,6 +76,8 @@ pub struct Decoder {
     n_heads: usize,
     /// `SCORES_BUDGET_BYTES`; tests lower it to force chunking.
     pub(super) scores_budget: usize,
+    /// Most queries per attention chunk: `QUERY_BLOCK`, or `QUERY_BLOCK_GPU` off the CPU.
+    pub(super) query_block: usize,
 }
 
 /// Query rows of one attention call. `Full`: every stream token of every segment, each
@@ -186,7 +193,7 @@ fn mask(q_pos: &Tensor, k_start: usize, k_len: usize, window: Option<usize>) -> 
 impl Plan {
     fn new(
         seqs: &[Seq],
-        budget: usize,
+        (budget, block): (usize, usize),
         n_heads: usize,
         window: Option<usize>,
         dev: &Device,
@@ -196,7 +203,7 @@ impl Plan {
             .map(|seq| {
                 let (l, p0) = (seq.len, seq.pos0);
                 // Rows are attended one at a time, so the budget is per row.
-                let chunk = (budget / (4 * n_heads * (p0 + l).max(1))).clamp(1, QUERY_BLOCK);
+                let chunk = (budget / (4 * n_heads * (p0 + l).max(1))).clamp(1, block);
                 (0..l)
                     .step_by(chunk)
                     .map(|start| {
@@ -473,6 +480,10 @@ impl Decoder {
             rope,
             n_heads: cfg.num_attention_heads,
             scores_budget: SCORES_BUDGET_BYTES,
+            query_block: match vb.device() {
+                Device::Cpu => QUERY_BLOCK,
+                _ => QUERY_BLOCK_GPU,
+            },
         })
     }
 
@@ -646,26 +657,9 @@ impl Decoder {
             .layers
             .split_last()
             .ok_or_else(|| candle_core::Error::Msg("a decoder with no layers".into()))?;
-        let mut x = match n {
-            0 => None,
-            _ => Some(
-                self.embed_tokens
-                    .forward(&Tensor::from_vec(ids, n, &dev)?)?,
-            ),
-        };
-        if let Some(stream) = x.as_mut() {
-            let mut plans: Vec<Plan> = Vec::new();
-            for w in full.iter().map(|layer| layer.self_attn.window) {
-                if !plans.iter().any(|p| p.window == w) {
-                    plans.push(Plan::new(&seqs, self.scores_budget, self.n_heads, w, &dev)?);
-                }
-            }
-            for (li, layer) in full.iter().enumerate() {
-                *stream = layer.forward(li, stream, &seqs, &cos, &sin, &plans, &mut cap)?;
-            }
-        }
-
-        // The last layer, for the reads only: their rows of its input, from the stream or the
+        // Every index the pass uploads is built here, before the first layer is queued: on a GPU
+        // a copy from pageable host memory can wait for the kernels queued before it.
+        // The last layer runs for the reads only: their rows of its input, from the stream or the
         // cache, in group order (stream groups first).
         let window = last.self_attn.window;
         let mut groups: Vec<Seq> = Vec::new();
@@ -718,14 +712,55 @@ impl Decoder {
             add_chunk(list, &mut q_pos)?;
             groups.push(seq);
         }
+        let (qcos, qsin) = stream_cos_sin(q_pos)?;
+        let stream_idx = match stream_idx.len() {
+            0 => None,
+            count => Some(Tensor::from_vec(stream_idx, count, &dev)?),
+        };
+        // Back to row-major read order, uploaded with the other indices.
+        let mut order = Vec::with_capacity(read_count);
+        for (row, pos) in positions.iter().enumerate() {
+            for &p in pos.iter() {
+                let key = match p < layout.cached[row] {
+                    true => (true, row),
+                    false => (false, layout.segment_at(row, p).expect("laid out above")),
+                };
+                let at = out_at
+                    .iter()
+                    .position(|&(k, q)| k == key && q == p)
+                    .expect("every read is gathered");
+                order.push(at as u32);
+            }
+        }
+        let order = Tensor::from_vec(order, read_count, &dev)?;
+        let mut plans: Vec<Plan> = Vec::new();
+        if n > 0 {
+            for w in full.iter().map(|layer| layer.self_attn.window) {
+                if !plans.iter().any(|p| p.window == w) {
+                    let budget = (self.scores_budget, self.query_block);
+                    plans.push(Plan::new(&seqs, budget, self.n_heads, w, &dev)?);
+                }
+            }
+        }
+        let mut x = match n {
+            0 => None,
+            _ => Some(
+                self.embed_tokens
+                    .forward(&Tensor::from_vec(ids, n, &dev)?)?,
+            ),
+        };
+        if let Some(stream) = x.as_mut() {
+            for (li, layer) in full.iter().enumerate() {
+                *stream = layer.forward(li, stream, &seqs, &cos, &sin, &plans, &mut cap)?;
+            }
+        }
+
         let mut parts = Vec::new();
-        if let (Some(stream), false) = (x.as_ref(), stream_idx.is_empty()) {
-            let count = stream_idx.len();
-            parts.push(stream.index_select(&Tensor::from_vec(stream_idx, count, &dev)?, 0)?);
+        if let (Some(stream), Some(idx)) = (x.as_ref(), stream_idx.as_ref()) {
+            parts.push(stream.index_select(idx, 0)?);
         }
         parts.extend(cached_x);
         let xq = Tensor::cat(&parts, 0)?;
-        let (qcos, qsin) = stream_cos_sin(q_pos)?;
         // The last layer's input is what a later read inside this prefix starts from.
         let last_in: Vec<Tensor> = match x.as_ref() {
             Some(stream) => cap
@@ -748,22 +783,7 @@ impl Decoder {
             &mut cap,
         )?;
         let read = self.norm.forward(&read)?;
-        // Back to row-major read order.
-        let mut order = Vec::with_capacity(read_count);
-        for (row, pos) in positions.iter().enumerate() {
-            for &p in pos.iter() {
-                let key = match p < layout.cached[row] {
-                    true => (true, row),
-                    false => (false, layout.segment_at(row, p).expect("laid out above")),
-                };
-                let at = out_at
-                    .iter()
-                    .position(|&(k, q)| k == key && q == p)
-                    .expect("every read is gathered");
-                order.push(at as u32);
-            }
-        }
-        let hidden = read.index_select(&Tensor::from_vec(order, read_count, &dev)?, 0)?;
+        let hidden = read.index_select(&order, 0)?;
         let captured = capture
             .iter()
             .zip(cap.k.into_iter().zip(cap.v))

@@ -160,7 +160,7 @@ impl PrmEvaluator {
         limits: Limits,
     ) -> Result<PrmEvaluator, PrmError> {
         let budget = Budget {
-            max_batch_tokens: cfg.max_batch_tokens,
+            max_batch_tokens: cfg.max_batch_tokens(),
             max_batch_size: cfg.max_batch_size,
             max_wait: Duration::from_millis(cfg.max_wait_ms),
         };

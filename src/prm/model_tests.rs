@@ -140,6 +140,12 @@ fn chunked_attention_is_exact() {
         let got = score_all(&model, &cases);
         let d = max_diff(&got, |i| cases[i].scores.clone());
         assert!(d < 1e-4, "{family}: uneven chunk diff {d}");
+        // The GPU's query blocks, here on the CPU: whole rows in one chunk.
+        model.decoder.scores_budget = super::super::decoder::SCORES_BUDGET_BYTES;
+        model.decoder.query_block = super::super::decoder::QUERY_BLOCK_GPU;
+        let got = score_all(&model, &cases);
+        let d = max_diff(&got, |i| cases[i].scores.clone());
+        assert!(d < 1e-4, "{family}: GPU-sized chunk diff {d}");
     }
 }
 
