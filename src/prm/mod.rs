@@ -95,11 +95,9 @@ pub struct PrmEvaluator {
 /// on candle, or the formatter in front of a vLLM server.
 pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<Arc<dyn Evaluator>, EngineError> {
     if cfg.backend == Backend::Vllm {
-        return remote::load(common, cfg);
+        return Ok(Arc::new(remote::RemotePrm::load(common, cfg)?));
     }
-    Ok(Arc::new(
-        PrmEvaluator::load(common, cfg).map_err(EngineError::from)?,
-    ))
+    Ok(Arc::new(PrmEvaluator::load(common, cfg)?))
 }
 
 impl PrmEvaluator {

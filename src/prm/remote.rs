@@ -45,14 +45,8 @@ pub struct RemotePrm {
     caller: Caller,
 }
 
-/// Builds the evaluator; nothing is sent to vLLM until the first request.
-pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<Arc<dyn Evaluator>, EngineError> {
-    Ok(Arc::new(
-        RemotePrm::load(common, cfg).map_err(EngineError::from)?,
-    ))
-}
-
 impl RemotePrm {
+    /// Builds the evaluator; nothing is sent to vLLM until the first request.
     pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<RemotePrm, PrmError> {
         let fail = |message: String| PrmError::Load {
             name: common.name.clone(),
