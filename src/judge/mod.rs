@@ -13,7 +13,7 @@ pub use crate::upstream::{CallError, CallPolicy};
 pub use evaluator::JudgeEvaluator;
 pub use output::{OutputMode, UpstreamKind};
 
-use crate::config::{EvaluatorConfig, JudgeConfig, Secret, env};
+use crate::config::{EvaluatorConfig, JudgeConfig};
 use crate::engine::EngineError;
 use crate::upstream::Endpoint;
 use client::ChatParams;
@@ -54,13 +54,7 @@ impl JudgeError {
 pub fn load(common: &EvaluatorConfig, config: &JudgeConfig) -> Result<JudgeEvaluator, EngineError> {
     let at =
         |message: String| EngineError::Internal(format!("evaluator {:?}: {message}", common.name));
-    let api_key = match &config.api_key_env {
-        Some(var) => match env::secret(var) {
-            Some(key) => Some(Secret(key)),
-            None => return Err(at(format!("api_key_env names {var}, which is not set"))),
-        },
-        None => None,
-    };
+    let api_key = crate::upstream::api_key(config.api_key_env.as_deref()).map_err(at)?;
     let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
     let endpoint = Endpoint::new(url, api_key).map_err(at)?;
     let extra = serde_json::to_value(&config.extra_body)

@@ -191,6 +191,31 @@ pub(crate) fn gguf_config(path: &Path) -> Result<model_config::ModelConfig, Stri
         .map_err(|e| e.to_string())
 }
 
+/// Formats and tokenizes `trace` off the runtime (a long trace takes milliseconds), timed as
+/// the tokenize stage, and refuses it past `limit` tokens: both backends' first step.
+async fn encode(
+    name: &str,
+    formatter: &Arc<Formatter>,
+    trace: Arc<crate::trace::Trace>,
+    limit: Option<usize>,
+) -> Result<format::Encoded, EngineError> {
+    let started = std::time::Instant::now();
+    let formatter = formatter.clone();
+    let encoded = tokio::task::spawn_blocking(move || formatter.encode(&trace))
+        .await
+        .map_err(|e| EngineError::Internal(format!("tokenizing panicked: {e}")))?
+        .map_err(PrmError::from)?;
+    metrics::record_stage(name, metrics::Stage::Tokenize, started.elapsed());
+    if let Some(limit) = limit.filter(|&l| encoded.ids.len() > l) {
+        return Err(PrmError::TooLong {
+            tokens: encoded.ids.len(),
+            limit,
+        }
+        .into());
+    }
+    Ok(encoded)
+}
+
 /// `resolve_model`, or the message that says where `model` was looked for, ending in `hint`.
 fn find_model(model: &str, hint: &str) -> Result<PathBuf, String> {
     resolve_model(model).ok_or_else(|| {
@@ -242,21 +267,13 @@ impl Evaluator for PrmEvaluator {
 
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
-            let started = std::time::Instant::now();
-            // Rendering and tokenising a long trace takes milliseconds: keep it off the runtime.
-            let (formatter, trace) = (self.formatter.clone(), job.trace.clone());
-            let encoded = tokio::task::spawn_blocking(move || formatter.encode(&trace))
-                .await
-                .map_err(|e| EngineError::Internal(format!("tokenizing panicked: {e}")))?
-                .map_err(PrmError::from)?;
-            metrics::record_stage(&self.name, metrics::Stage::Tokenize, started.elapsed());
-            if encoded.ids.len() > self.max_tokens {
-                return Err(PrmError::TooLong {
-                    tokens: encoded.ids.len(),
-                    limit: self.max_tokens,
-                }
-                .into());
-            }
+            let encoded = encode(
+                &self.name,
+                &self.formatter,
+                job.trace.clone(),
+                Some(self.max_tokens),
+            )
+            .await?;
             // Checked per request: in a batch, one bad row would fail its neighbours too.
             if let Some(id) = encoded
                 .ids

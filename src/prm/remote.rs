@@ -11,17 +11,18 @@
 
 use super::format::{Encoded, Family, Formatter};
 use super::model::HeadSpec;
-use super::{PrmError, find_model};
-use crate::config::{EvaluatorConfig, PrmConfig, Secret, defaults, env};
+use super::model_config::ModelConfig;
+use super::{PrmError, encode, find_model, gguf_config, model};
+use crate::config::{EvaluatorConfig, PrmConfig, defaults};
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics;
 use crate::trace::Judgement;
-use crate::upstream::{AttemptError, CallError, CallPolicy, Caller, Endpoint, Raw, snippet};
+use crate::upstream::{self, AttemptError, CallError, CallPolicy, Caller, Endpoint, Raw, snippet};
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,12 +78,7 @@ impl RemotePrm {
                 }
             }
         };
-        let api_key = match &cfg.api_key_env {
-            Some(var) => Some(Secret(env::secret(var).ok_or_else(|| {
-                fail(format!("api_key_env names {var}, which is not set"))
-            })?)),
-            None => None,
-        };
+        let api_key = upstream::api_key(cfg.api_key_env.as_deref()).map_err(fail)?;
         let base = cfg.base_url.as_deref().unwrap_or_default();
         let base = base.trim_end_matches('/').trim_end_matches("/v1");
         let url = match route {
@@ -126,13 +122,16 @@ impl RemotePrm {
     }
 }
 
-/// The decoder's context length from a folder's config.json, if it says.
-fn max_positions(folder: &std::path::Path) -> Option<usize> {
-    let text = std::fs::read_to_string(folder.join("config.json")).ok()?;
-    let v: Value = serde_json::from_str(&text).ok()?;
-    v.get("max_position_embeddings")?
-        .as_u64()
-        .map(|n| n as usize)
+/// The decoder's context length, read as the in-process backend reads it (config.json, or a
+/// GGUF's metadata); `None` when the files don't say.
+fn max_positions(model_path: &Path) -> Option<usize> {
+    let config = if model::is_gguf(model_path) {
+        gguf_config(model_path).ok()?
+    } else {
+        let text = std::fs::read_to_string(model_path.join("config.json")).ok()?;
+        ModelConfig::from_json(&text).ok()?
+    };
+    Some(config.max_position_embeddings)
 }
 
 /// The request for one trace's ids.
@@ -365,20 +364,13 @@ impl Evaluator for RemotePrm {
 
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
-            let started = Instant::now();
-            let (formatter, trace) = (self.formatter.clone(), job.trace.clone());
-            let encoded = tokio::task::spawn_blocking(move || formatter.encode(&trace))
-                .await
-                .map_err(|e| EngineError::Internal(format!("tokenizing panicked: {e}")))?
-                .map_err(PrmError::from)?;
-            metrics::record_stage(&self.name, metrics::Stage::Tokenize, started.elapsed());
-            if let Some(limit) = self.max_tokens.filter(|&l| encoded.ids.len() > l) {
-                return Err(PrmError::TooLong {
-                    tokens: encoded.ids.len(),
-                    limit,
-                }
-                .into());
-            }
+            let encoded = encode(
+                &self.name,
+                &self.formatter,
+                job.trace.clone(),
+                self.max_tokens,
+            )
+            .await?;
             let sent = Instant::now();
             let scored = self.score(&encoded, job.deadline).await.map_err(|e| {
                 let message = format!("PRM {:?} on vLLM: {e}", self.name);

@@ -7,3 +7,16 @@ pub mod policy;
 
 pub use call::{CallError, CallPolicy, Caller};
 pub use http::{AttemptError, Endpoint, MAX_REPLY_BYTES, Raw, error_reason, http_client, snippet};
+
+use crate::config::{Secret, env};
+
+/// The API key in the environment variable `var` names, when it names one; an error when that
+/// variable is not set, so a missing key stops startup rather than failing every request.
+pub fn api_key(var: Option<&str>) -> Result<Option<Secret>, String> {
+    match var {
+        Some(var) => env::secret(var)
+            .map(|key| Some(Secret(key)))
+            .ok_or_else(|| format!("api_key_env names {var}, which is not set")),
+        None => Ok(None),
+    }
+}
