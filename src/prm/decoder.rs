@@ -12,7 +12,7 @@ use super::layers::{Emb, Lin};
 use super::model_config::ModelConfig;
 use super::packing::{Run, Seq, Src, Which};
 use super::plan::{self, Layout};
-use super::prefix_cache::{Hit, Kv};
+use super::prefix_cache::{Hit, Kv, owned};
 use candle_core::{D, DType, Device, Module, Result, Tensor};
 use candle_nn::{RmsNorm, VarBuilder, rotary_emb::rope};
 
@@ -105,8 +105,13 @@ struct Capture {
 impl Capture {
     fn take(&mut self, k: &Tensor, v: &Tensor) -> Result<()> {
         for (i, &(start, len)) in self.segments.iter().enumerate() {
-            self.k[i].push(k.narrow(2, start, len)?.contiguous()?);
-            self.v[i].push(v.narrow(2, start, len)?.contiguous()?);
+            // A segment that is the whole batch is the layer's own fresh tensor.
+            let cut = |t: &Tensor| match (start, len) {
+                (0, n) if n == t.dim(2)? => Ok(t.clone()),
+                _ => owned(&t.narrow(2, start, len)?),
+            };
+            self.k[i].push(cut(k)?);
+            self.v[i].push(cut(v)?);
         }
         Ok(())
     }
@@ -766,7 +771,7 @@ impl Decoder {
             Some(stream) => cap
                 .segments
                 .iter()
-                .map(|&(start, len)| stream.narrow(0, start, len)?.copy())
+                .map(|&(start, len)| owned(&stream.narrow(0, start, len)?))
                 .collect::<Result<_>>()?,
             None => Vec::new(),
         };

@@ -417,6 +417,12 @@ fn one_batch_mixes_hits_shared_rows_and_new_rows_exactly() {
                 got[2].tokens.computed, 0,
                 "{family}: the cached half is a full hit"
             );
+            // What the batch captured owns its tokens only: no cached tensor is a view that
+            // keeps the batch's keys, values or residual stream alive past the budget.
+            let cache = cached.cache.as_ref().unwrap().lock().unwrap();
+            assert!(cache.bytes() > 0);
+            assert_eq!(cache.held_bytes(), cache.bytes(), "{family} share={share}");
+            drop(cache);
             if share {
                 // The second copy of a computes nothing: the first computed it for both.
                 assert_eq!(got[1].tokens.computed, 0, "{family}: {got:?}");

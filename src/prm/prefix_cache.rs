@@ -30,13 +30,46 @@ impl Kv {
 
     /// Tokens `start..start + len` of this run, copied (a view would keep the whole run alive).
     pub fn slice(&self, start: usize, len: usize) -> Result<Kv> {
-        let cut = |t: &Tensor| t.narrow(2, start, len)?.contiguous();
+        let cut = |t: &Tensor| owned(&t.narrow(2, start, len)?);
         Ok(Kv {
             k: self.k.iter().map(cut).collect::<Result<_>>()?,
             v: self.v.iter().map(cut).collect::<Result<_>>()?,
-            x: self.x.narrow(0, start, len)?.copy()?,
+            x: owned(&self.x.narrow(0, start, len)?)?,
         })
     }
+
+    /// The bytes its tensors' storage really holds, which `bytes` must equal: a tensor that is
+    /// a view into a larger one keeps all of that alive, uncounted.
+    #[cfg(test)]
+    pub fn held_bytes(&self) -> usize {
+        self.k
+            .iter()
+            .chain(&self.v)
+            .chain([&self.x])
+            .map(storage_bytes)
+            .sum()
+    }
+}
+
+/// A copy of `view` holding its elements only. Neither `contiguous` nor `copy` will do for
+/// the cache: a narrow along the outermost non-unit dimension is already contiguous, so
+/// `contiguous` returns the view itself, and candle's `copy` clones the whole storage.
+pub fn owned(view: &Tensor) -> Result<Tensor> {
+    view.force_contiguous()
+}
+
+/// Bytes of the storage behind `t` (CPU tensors; the tests' check of `owned`).
+#[cfg(test)]
+pub fn storage_bytes(t: &Tensor) -> usize {
+    use candle_core::{CpuStorage, Storage};
+    let (storage, _) = t.storage_and_layout();
+    let elems = match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => v.len(),
+        Storage::Cpu(CpuStorage::F16(v)) => v.len(),
+        Storage::Cpu(CpuStorage::BF16(v)) => v.len(),
+        other => panic!("storage_bytes: {:?} storage", other.dtype()),
+    };
+    elems * t.dtype().size_in_bytes()
 }
 
 /// A cached run a batch reads: positions `pos..pos + len`, at `offset` in `kv`.
@@ -125,6 +158,13 @@ impl PrefixCache {
 
     fn node_mut(&mut self, id: usize) -> &mut Node {
         self.nodes[id].as_mut().expect("live node")
+    }
+
+    /// The bytes the cached tensors' storage holds (see `Kv::held_bytes`).
+    #[cfg(test)]
+    pub fn held_bytes(&self) -> usize {
+        let kvs = self.nodes.iter().flatten().filter_map(|n| n.kv.as_ref());
+        kvs.map(|kv| kv.held_bytes()).sum()
     }
 
     fn tick(&mut self) -> u64 {
@@ -373,6 +413,8 @@ mod tests {
         let got: Vec<f32> = hit.pieces.iter().flat_map(values).collect();
         assert_eq!(got, (0..11).map(|p| p as f32).collect::<Vec<_>>());
         c.unpin(&pins);
+        // Both halves of the split own their tokens only: the budget counts what is held.
+        assert_eq!(c.held_bytes(), c.bytes());
         // Re-inserting what is there adds nothing; an uncached prefix is refused.
         let before = c.bytes();
         assert!(c.insert(&a, 0, kv(0, 10)).unwrap());
