@@ -133,6 +133,22 @@ pub struct Verdict {
 }
 
 impl Trace {
+    /// A trace of `question` and these steps' texts, with no options or reference answer.
+    pub fn of_steps(question: &str, steps: &[String]) -> Trace {
+        Trace {
+            question: question.to_string(),
+            options: Vec::new(),
+            steps: steps
+                .iter()
+                .map(|text| Step {
+                    text: text.clone(),
+                    span: None,
+                })
+                .collect(),
+            reference_answer: None,
+        }
+    }
+
     /// Bytes of question, options, reference and steps together: what the size limit counts.
     pub fn byte_len(&self) -> usize {
         self.question.len()

@@ -8,7 +8,7 @@ use common::llama::{llama_server, smollm2_gguf};
 use common::*;
 use retrace::api::pb;
 use retrace::prm::format::{CHAT_LM_INSTRUCTION, Family, Formatter};
-use retrace::trace::{Step, Trace};
+use retrace::trace::Trace;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -39,19 +39,7 @@ fn the_tokenizer_rebuilt_from_the_gguf_formats_like_the_converted_folder() {
     let mut n = 0;
     for split in ["gsm8k", "math", "olympiadbench"] {
         for b in traces(split).iter().take(150) {
-            let trace = Trace {
-                question: b.problem.clone(),
-                options: Vec::new(),
-                steps: b
-                    .steps
-                    .iter()
-                    .map(|t| Step {
-                        text: t.clone(),
-                        span: None,
-                    })
-                    .collect(),
-                reference_answer: None,
-            };
+            let trace = Trace::of_steps(&b.problem, &b.steps);
             let (a, want) = (from_gguf.encode(&trace), from_folder.encode(&trace));
             assert_eq!(a, want, "{}", b.id);
             n += 1;

@@ -12,7 +12,7 @@ use common::{TestServer, evaluate_within, processbench, sample, steps_trace};
 use retrace::api::pb;
 use retrace::config::Config;
 use retrace::prm::format::{Family, Formatter};
-use retrace::trace::{Step, Trace};
+use retrace::trace::Trace;
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -40,21 +40,6 @@ fn traces(n: usize) -> Vec<Bench> {
             b
         })
         .collect()
-}
-
-fn trace(question: &str, steps: &[String]) -> Trace {
-    Trace {
-        question: question.to_string(),
-        options: Vec::new(),
-        steps: steps
-            .iter()
-            .map(|t| Step {
-                text: t.clone(),
-                span: None,
-            })
-            .collect(),
-        reference_answer: None,
-    }
 }
 
 fn tiny(family: &str) -> PathBuf {
@@ -125,7 +110,10 @@ async fn same_as_in_process(family: Family, remotes: &[(&str, &FakeVllm, &str)])
         let local = evaluate(&s, "local", steps_trace(&b.problem, &steps))
             .await
             .unwrap();
-        let want_ids = formatter.encode(&trace(&b.problem, &b.steps)).unwrap().ids;
+        let want_ids = formatter
+            .encode(&Trace::of_steps(&b.problem, &b.steps))
+            .unwrap()
+            .ids;
         for (evaluator, fake, _) in remotes {
             let remote = evaluate(&s, evaluator, steps_trace(&b.problem, &steps))
                 .await
@@ -173,7 +161,7 @@ async fn qwen_prm_through_step_and_all_pooling_scores_as_in_process() {
     let folder = tiny("qwen2-math-prm");
     let formatter = Formatter::load(Family::QwenMathPrm, &folder).unwrap();
     let tag = formatter
-        .encode(&trace("q", &["a".to_string()]))
+        .encode(&Trace::of_steps("q", &["a".to_string()]))
         .map(|e| e.ids[e.positions[0]])
         .unwrap();
     let step = FakeVllm::start(Family::QwenMathPrm, &folder, Pooling::Step { tag }).await;

@@ -427,18 +427,7 @@ impl Fits {
     }
 
     fn check(&self, question: &str, steps: &[String]) -> bool {
-        let trace = crate::trace::Trace {
-            question: question.to_string(),
-            options: Vec::new(),
-            steps: steps
-                .iter()
-                .map(|s| crate::trace::Step {
-                    text: s.clone(),
-                    span: None,
-                })
-                .collect(),
-            reference_answer: None,
-        };
+        let trace = crate::trace::Trace::of_steps(question, steps);
         self.formatter
             .encode(&trace)
             .is_ok_and(|e| e.ids.len() <= self.limit)

@@ -46,6 +46,16 @@ pub enum PrmError {
     Batch(#[from] BatchError),
 }
 
+impl PrmError {
+    /// Makes the load errors of evaluator `name`, for `map_err`.
+    pub fn load(name: &str) -> impl Fn(String) -> PrmError + Copy + '_ {
+        move |message| PrmError::Load {
+            name: name.to_string(),
+            message,
+        }
+    }
+}
+
 impl From<PrmError> for EngineError {
     fn from(e: PrmError) -> Self {
         match e {
@@ -102,10 +112,7 @@ pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<Arc<dyn Evaluat
 
 impl PrmEvaluator {
     pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<PrmEvaluator, PrmError> {
-        let fail = |message: String| PrmError::Load {
-            name: common.name.clone(),
-            message,
-        };
+        let fail = PrmError::load(&common.name);
         let folder = find_model(
             &cfg.model,
             "for the embedded default, run scripts/fetch-smollm2.sh",
@@ -139,10 +146,7 @@ impl PrmEvaluator {
         scorer: impl Scorer,
         limits: Limits,
     ) -> Result<PrmEvaluator, PrmError> {
-        let fail = |message: String| PrmError::Load {
-            name: common.name.clone(),
-            message,
-        };
+        let fail = PrmError::load(&common.name);
         let folder = resolve_model(&cfg.model)
             .ok_or_else(|| fail(format!("model folder {} does not exist", cfg.model)))?;
         let formatter = Formatter::load(cfg.family, &folder).map_err(fail)?;
@@ -164,9 +168,8 @@ impl PrmEvaluator {
         };
         // The engine's gate admits at most max_concurrency jobs, so the queue never needs more.
         let batcher = Batcher::spawn(&common.name, scorer, budget, common.max_concurrency)
-            .map_err(|e| PrmError::Load {
-                name: common.name.clone(),
-                message: format!("cannot start the model thread: {e}"),
+            .map_err(|e| {
+                PrmError::load(&common.name)(format!("cannot start the model thread: {e}"))
             })?;
         Ok(PrmEvaluator {
             name: common.name.clone(),

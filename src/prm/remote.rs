@@ -49,10 +49,7 @@ pub struct RemotePrm {
 impl RemotePrm {
     /// Builds the evaluator; nothing is sent to vLLM until the first request.
     pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<RemotePrm, PrmError> {
-        let fail = |message: String| PrmError::Load {
-            name: common.name.clone(),
-            message,
-        };
+        let fail = PrmError::load(&common.name);
         let folder = find_model(
             &cfg.model,
             "with backend = \"vllm\" it holds the tokenizer retrace formats with",

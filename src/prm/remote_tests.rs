@@ -158,28 +158,24 @@ fn a_token_outside_the_top_k_is_bounded_by_the_smallest_listed_and_counted() {
 
 #[test]
 fn a_null_log_probability_is_minus_infinity() {
-    let reply = completion(json!([
-        null,
-        entry(&[(7, -0.1)]),
-        {"3": {"logprob": 0.0, "rank": 1}, "4": {"logprob": null, "rank": 2}},
-        entry(&[(12, -0.3)]),
-        entry(&[(7, -0.2)]),
-        {"3": {"logprob": null}, "4": {"logprob": null}},
-    ]));
-    let m = bad_message(read_scores(LOGPROBS, &encoded(), &reply));
+    // The first step's + is 0 and its - null; the second step's pair is `last`.
+    let reply = |last: serde_json::Value| {
+        completion(json!([
+            null,
+            entry(&[(7, -0.1)]),
+            {"3": {"logprob": 0.0, "rank": 1}, "4": {"logprob": null, "rank": 2}},
+            entry(&[(12, -0.3)]),
+            entry(&[(7, -0.2)]),
+            last,
+        ]))
+    };
+    let both_null = reply(json!({"3": {"logprob": null}, "4": {"logprob": null}}));
+    let m = bad_message(read_scores(LOGPROBS, &encoded(), &both_null));
     assert!(
         m.contains("step 1: + and - both have log-probability -inf"),
         "{m}"
     );
-    let reply = completion(json!([
-        null,
-        entry(&[(7, -0.1)]),
-        {"3": {"logprob": 0.0, "rank": 1}, "4": {"logprob": null, "rank": 2}},
-        entry(&[(12, -0.3)]),
-        entry(&[(7, -0.2)]),
-        entry(&[(3, -0.7), (4, -0.7)]),
-    ]));
-    let got = read_scores(LOGPROBS, &encoded(), &reply).unwrap();
+    let got = read_scores(LOGPROBS, &encoded(), &reply(entry(&[(3, -0.7), (4, -0.7)]))).unwrap();
     assert_eq!((got.scores[0], got.inexact), (1.0, 0));
 }
 
