@@ -1,12 +1,50 @@
 //! The `cascade` evaluator: a PRM scores every step, and its judge is asked only when the PRM is
 //! unsure (escalation) or, with `categorize`, to name the category of the error the PRM found.
 
-use crate::config::CascadeConfig;
 use crate::engine::{Description, EngineError, Evaluator, Job, Loaded};
 use crate::metrics;
-use crate::trace::{ErrorCategory, Judgement, Path};
+use crate::rule::{Refused, refuse};
+use crate::trace::{DecisionPath, ErrorCategory, Judgement};
 use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+
+/// A PRM first, its judge where the PRM is unsure (or to name the category).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CascadeConfig {
+    /// The `prm` evaluator it runs first.
+    pub prm: String,
+    /// The `judge` evaluator it escalates to.
+    pub judge: String,
+    /// A deciding step within this distance of the threshold (inclusive) escalates.
+    #[serde(default = "default_margin")]
+    pub escalate_margin: f32,
+    /// Ask the judge for the category of an error the PRM is sure of.
+    #[serde(default)]
+    pub categorize: bool,
+}
+
+/// The default `escalate_margin`.
+pub const ESCALATE_MARGIN: f32 = 0.1;
+
+fn default_margin() -> f32 {
+    ESCALATE_MARGIN
+}
+
+impl CascadeConfig {
+    /// Its own rules; that `prm` and `judge` name evaluators of those kinds is the config's
+    /// check, which sees every table.
+    pub fn check(&self) -> Result<(), Refused> {
+        if !(0.0..=1.0).contains(&self.escalate_margin) {
+            return refuse(format!(
+                "escalate_margin must lie in [0, 1], got {}",
+                self.escalate_margin
+            ));
+        }
+        Ok(())
+    }
+}
 
 pub struct Cascade {
     name: String,
@@ -124,7 +162,7 @@ impl Evaluator for Cascade {
                 Decision::Escalate => {
                     verdict.first_error = judged.first_error;
                     verdict.category = judged.category;
-                    verdict.path = Path::Escalated;
+                    verdict.path = DecisionPath::Escalated;
                     verdict.rationale = judged.rationale;
                     metrics::record_cascade(&self.name, "escalated");
                 }
@@ -141,7 +179,7 @@ impl Evaluator for Cascade {
                             judged.first_error.map_or(-1, |k| k as i64)
                         ));
                     }
-                    verdict.path = Path::Categorized;
+                    verdict.path = DecisionPath::Categorized;
                     metrics::record_cascade(&self.name, "categorized");
                 }
             }

@@ -10,9 +10,9 @@
 //!   codec and the layer that answer a request tonic can't read as bad input.
 //! - `engine/`: the `Evaluator` trait, the registry, admission, per-evaluator gates (every caller's
 //!   path to an evaluator, a cascade's included), deadlines, readiness watches.
-//! - `prm/`: PRM checkpoints on candle: formats per family, the batcher thread driving a `Scorer`,
-//!   each batch's layout (`plan.rs`), the model thread's prefix cache (`prefix_cache.rs`), the
-//!   packed decoder and heads; `remote.rs`, the same formats scored by a vLLM server.
+//! - `prm/`: PRMs as evaluators: formats per family, the batcher thread driving a `Scorer`, the
+//!   candle model (crate `retrace-model`) as one scorer; `remote.rs`, the same formats scored by
+//!   a vLLM server.
 //! - `judge/`: prompt templates, the reply parser and vote, the chat-completions body and reply,
 //!   and the response cache.
 //! - `upstream/`: the one reliable HTTP upstream both judges and remote (vLLM) PRMs call through:
@@ -20,9 +20,6 @@
 //! - `cascade.rs`: a PRM, then its judge when unsure.
 //! - `config/`: the file, `--set` and typed flags -> one validated `Config`, one struct per
 //!   evaluator kind (`evaluator.rs`), rules (`rules.rs`), the environment (`env.rs`).
-//! - `eval/` (`retrace eval`, `retrace calibrate`) and `bench/` (`retrace bench`): the offline
-//!   benchmark and the speed benchmark.
-//! - `score.rs` (`retrace score`): a client that prints verdicts as tables.
 //! - `health.rs`: grpc.health.v1 for the server, the Evaluator service and each evaluator.
 //! - `trace.rs` (domain types), `segment.rs` (raw text -> steps), `metrics.rs` (every metric
 //!   name once).
@@ -33,16 +30,16 @@
 //! on shutdown.
 
 pub mod api;
-pub mod bench;
 mod cascade;
 pub mod config;
 pub mod engine;
-pub mod eval;
+pub mod env;
+pub mod field;
 pub mod health;
 pub mod judge;
 pub mod metrics;
 pub mod prm;
-pub mod score;
+pub mod rule;
 mod segment;
 pub mod trace;
 pub mod upstream;
@@ -55,15 +52,9 @@ pub mod fuzzing {
     pub use crate::segment::segment;
 }
 
-#[doc(hidden)]
-pub mod testing {
-    //! The in-process model opened to the integration tests' fake vLLM server; not an API.
-    pub use crate::prm::ReferenceScorer;
-}
-
 use crate::api::{BearerAuth, EvaluatorService, Readable, pb};
-use crate::config::{Config, ConfigError, KindConfig};
-use crate::engine::{Engine, EngineError, EvaluatorLoader};
+use crate::config::{Config, ConfigError, EvaluatorConfig, KindConfig};
+use crate::engine::{Engine, EngineError, Evaluator, LoadByName, Loaded};
 use crate::health::Health;
 use std::future::Future;
 use std::sync::Arc;
@@ -106,12 +97,46 @@ pub async fn run(
     serve(config, default_loader(), listeners, shutdown).await
 }
 
+/// Builds one evaluator from its table; runs on a blocking thread (it may load a model).
+/// `Loaded` holds the evaluators built before it, which a cascade wraps.
+pub type EvaluatorLoader =
+    Arc<dyn Fn(&EvaluatorConfig, &Loaded) -> Result<Arc<dyn Evaluator>, EngineError> + Send + Sync>;
+
+/// The engine for `config`'s evaluators, none loaded yet; `load_engine` loads them.
+pub fn new_engine(config: &Config) -> Arc<Engine> {
+    Engine::new(config.slot_specs(), config.admission())
+}
+
+/// Loads every evaluator of `config` into `engine` with `loader`.
+pub async fn load_engine(
+    engine: &Engine,
+    config: &Config,
+    loader: EvaluatorLoader,
+) -> Result<(), EngineError> {
+    engine.load(by_name(config, loader)).await
+}
+
+/// `loader`, looking each evaluator's table up by name.
+fn by_name(config: &Config, loader: EvaluatorLoader) -> LoadByName {
+    let tables: std::collections::HashMap<String, EvaluatorConfig> = config
+        .evaluators
+        .iter()
+        .map(|e| (e.name.clone(), e.clone()))
+        .collect();
+    Arc::new(move |name, loaded| match tables.get(name) {
+        Some(table) => loader(table, loaded),
+        None => Err(EngineError::Internal(format!(
+            "no table for evaluator {name:?}"
+        ))),
+    })
+}
+
 /// Builds the product's evaluators: each kind's real implementation. Adding a kind is a variant
 /// in `config::KindConfig` and an arm here.
 pub fn default_loader() -> EvaluatorLoader {
     Arc::new(|cfg, loaded| match &cfg.kind {
-        KindConfig::Prm(p) => prm::load(cfg, p),
-        KindConfig::Judge(j) => judge::load(cfg, j).map(engine::shared),
+        KindConfig::Prm(p) => prm::load(&cfg.name, cfg.max_concurrency, p),
+        KindConfig::Judge(j) => judge::load(&cfg.name, cfg.max_concurrency, j).map(engine::shared),
         KindConfig::Cascade(c) => cascade::load(&cfg.name, c, loaded).map(engine::shared),
     })
 }
@@ -124,7 +149,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let handle = metrics::install();
-    let engine = Engine::new(&config);
+    let engine = new_engine(&config);
     let stop = Stop::new();
     if let Some(listener) = listeners.metrics {
         serve_metrics(listener, handle, stop.signal());
@@ -152,6 +177,7 @@ pub async fn serve(
 
     let load = {
         let engine = engine.clone();
+        let loader = by_name(&config, loader);
         tokio::spawn(async move { engine.load(loader).await })
     };
     tokio::pin!(load);

@@ -72,7 +72,7 @@ impl ErrorCategory {
 
 /// Who decided the verdict: a PRM alone, a judge alone, or a cascade that asked its judge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Path {
+pub enum DecisionPath {
     Prm,
     Judge,
     /// The PRM was unsure; the judge's index decided.
@@ -81,13 +81,13 @@ pub enum Path {
     Categorized,
 }
 
-impl Path {
+impl DecisionPath {
     pub fn as_str(self) -> &'static str {
         match self {
-            Path::Prm => "prm",
-            Path::Judge => "judge",
-            Path::Escalated => "escalated",
-            Path::Categorized => "categorized",
+            DecisionPath::Prm => "prm",
+            DecisionPath::Judge => "judge",
+            DecisionPath::Escalated => "escalated",
+            DecisionPath::Categorized => "categorized",
         }
     }
 }
@@ -116,7 +116,7 @@ pub struct Judgement {
     pub queued: Duration,
     /// Time the model or the upstream judge took.
     pub inference: Duration,
-    pub path: Path,
+    pub path: DecisionPath,
     /// A PRM's tokens computed for this trace and reused (cached, or shared in its batch).
     pub tokens: Option<(usize, usize)>,
 }
@@ -178,7 +178,7 @@ impl Judgement {
             rationale: None,
             queued: Duration::ZERO,
             inference: Duration::ZERO,
-            path: Path::Prm,
+            path: DecisionPath::Prm,
             tokens: None,
         }
     }

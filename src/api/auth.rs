@@ -1,6 +1,6 @@
 //! Optional bearer-token auth for the Evaluator service, compared in constant time.
 
-use crate::config::Secret;
+use crate::env::Secret;
 use subtle::ConstantTimeEq;
 use tonic::{Request, Status, service::Interceptor};
 

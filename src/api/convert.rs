@@ -2,8 +2,9 @@
 
 use super::pb;
 use crate::engine::EngineError;
+use crate::field::FieldPath;
 use crate::segment::segment;
-use crate::trace::{ErrorCategory, Path, Step, Trace, Verdict};
+use crate::trace::{DecisionPath, ErrorCategory, Step, Trace, Verdict};
 use std::time::Duration;
 use tonic::metadata::MetadataMap;
 
@@ -34,7 +35,7 @@ pub fn parse_evaluate(req: pb::EvaluateRequest) -> Result<EvaluateInput, EngineE
     let trace = req
         .trace
         .ok_or_else(|| EngineError::invalid("trace", "is required"))?;
-    let trace = parse_trace(trace, "trace")?;
+    let trace = parse_trace(trace, &FieldPath::key("trace"))?;
     let threshold = parse_threshold(req.threshold, "threshold")?;
     Ok(EvaluateInput {
         id,
@@ -60,21 +61,21 @@ pub fn parse_rank(req: pb::RankRequest) -> Result<RankInput, EngineError> {
     let threshold = parse_threshold(req.threshold, "threshold")?;
     let mut traces = Vec::with_capacity(req.candidates.len());
     for (i, c) in req.candidates.into_iter().enumerate() {
-        let prefix = format!("candidates[{i}]");
+        let at = FieldPath::key("candidates").at(i);
         if !c.question.is_empty() || !c.options.is_empty() || !c.reference_answer.is_empty() {
             return Err(EngineError::invalid(
-                prefix,
+                at,
                 "set question, options and reference_answer on the RankRequest, not on a candidate",
             ));
         }
-        traces.push(parse_with_question(
-            req.question.clone(),
-            req.options.clone(),
-            req.reference_answer.clone(),
-            c.steps,
-            c.text,
-            &prefix,
-        )?);
+        let parts = TraceParts {
+            question: req.question.clone(),
+            options: req.options.clone(),
+            reference_answer: req.reference_answer.clone(),
+            steps: c.steps,
+            text: c.text,
+        };
+        traces.push(parts.parse(&at)?);
     }
     Ok(RankInput {
         id,
@@ -84,36 +85,60 @@ pub fn parse_rank(req: pb::RankRequest) -> Result<RankInput, EngineError> {
     })
 }
 
-/// Validates a proto trace; errors name the field under `prefix` (e.g. `trace`, `candidates[2]`).
-pub fn parse_trace(t: pb::Trace, prefix: &str) -> Result<Trace, EngineError> {
+/// Validates a proto trace; errors name the field under `at` (e.g. `trace`, `candidates[2]`).
+pub fn parse_trace(t: pb::Trace, at: &FieldPath) -> Result<Trace, EngineError> {
     if t.question.trim().is_empty() {
         return Err(EngineError::invalid(
-            format!("{prefix}.question"),
+            at.clone().then("question"),
             "is required",
         ));
     }
-    parse_with_question(
-        t.question,
-        t.options,
-        t.reference_answer,
-        t.steps,
-        t.text,
-        prefix,
-    )
+    let parts = TraceParts {
+        question: t.question,
+        options: t.options,
+        reference_answer: t.reference_answer,
+        steps: t.steps,
+        text: t.text,
+    };
+    parts.parse(at)
 }
 
-/// Builds a trace from its parts; `prefix` names where steps/text came from.
-pub fn parse_with_question(
-    question: String,
-    options: Vec<String>,
-    reference_answer: String,
-    steps: Vec<String>,
-    text: String,
-    prefix: &str,
-) -> Result<Trace, EngineError> {
+/// A trace's parts as a caller gave them: steps, or text the server segments.
+#[derive(Debug, Clone, Default)]
+pub struct TraceParts {
+    pub question: String,
+    pub options: Vec<String>,
+    /// Empty: reference-free.
+    pub reference_answer: String,
+    pub steps: Vec<String>,
+    pub text: String,
+}
+
+impl TraceParts {
+    /// Builds the trace; errors name the part under `at`, where the trace sits in the body.
+    pub fn parse(self, at: &FieldPath) -> Result<Trace, EngineError> {
+        let TraceParts {
+            question,
+            options,
+            reference_answer,
+            steps,
+            text,
+        } = self;
+        check_options(&options, at)?;
+        let steps = parse_steps(steps, &text, at)?;
+        Ok(Trace {
+            question,
+            options,
+            steps,
+            reference_answer: (!reference_answer.trim().is_empty()).then_some(reference_answer),
+        })
+    }
+}
+
+fn check_options(options: &[String], at: &FieldPath) -> Result<(), EngineError> {
     if options.len() > MAX_OPTIONS {
         return Err(EngineError::invalid(
-            format!("{prefix}.options"),
+            at.clone().then("options"),
             format!(
                 "{} options exceed the limit of {MAX_OPTIONS} (lettered A to Z)",
                 options.len()
@@ -122,41 +147,40 @@ pub fn parse_with_question(
     }
     if let Some(i) = options.iter().position(|o| o.trim().is_empty()) {
         return Err(EngineError::invalid(
-            format!("{prefix}.options[{i}]"),
+            at.clone().then("options").at(i),
             "is empty",
         ));
     }
-    let steps = if !steps.is_empty() {
+    Ok(())
+}
+
+/// The steps as given, or `text` segmented when none are.
+fn parse_steps(steps: Vec<String>, text: &str, at: &FieldPath) -> Result<Vec<Step>, EngineError> {
+    if !steps.is_empty() {
         if let Some(i) = steps.iter().position(|s| s.trim().is_empty()) {
             return Err(EngineError::invalid(
-                format!("{prefix}.steps[{i}]"),
+                at.clone().then("steps").at(i),
                 "is empty",
             ));
         }
-        steps
+        return Ok(steps
             .into_iter()
             .map(|text| Step { text, span: None })
-            .collect()
-    } else if !text.trim().is_empty() {
-        segment(&text)
-            .into_iter()
-            .map(|span| Step {
-                text: text[span.clone()].to_string(),
-                span: Some(span),
-            })
-            .collect()
-    } else {
+            .collect());
+    }
+    if text.trim().is_empty() {
         return Err(EngineError::invalid(
-            format!("{prefix}.steps"),
+            at.clone().then("steps"),
             "give the chain of thought as steps or as text",
         ));
-    };
-    Ok(Trace {
-        question,
-        options,
-        steps,
-        reference_answer: (!reference_answer.trim().is_empty()).then_some(reference_answer),
-    })
+    }
+    Ok(segment(text)
+        .into_iter()
+        .map(|span| Step {
+            text: text[span.clone()].to_string(),
+            span: Some(span),
+        })
+        .collect())
 }
 
 /// Longest caller id: a Rank's candidates each carry it in their verdict, so a longer one would
@@ -175,7 +199,7 @@ pub fn parse_id(id: String) -> Result<String, EngineError> {
 }
 
 /// Checks an optional threshold override.
-pub fn parse_threshold(t: Option<f32>, field: &str) -> Result<Option<f32>, EngineError> {
+pub fn parse_threshold(t: Option<f32>, field: &'static str) -> Result<Option<f32>, EngineError> {
     match t {
         Some(v) if !(0.0..=1.0).contains(&v) => Err(EngineError::invalid(
             field,
@@ -228,12 +252,12 @@ pub fn category_from_pb(c: i32) -> ErrorCategory {
     }
 }
 
-pub fn decision_path(p: Path) -> pb::DecisionPath {
+pub fn decision_path(p: DecisionPath) -> pb::DecisionPath {
     match p {
-        Path::Prm => pb::DecisionPath::Prm,
-        Path::Judge => pb::DecisionPath::Judge,
-        Path::Escalated => pb::DecisionPath::Escalated,
-        Path::Categorized => pb::DecisionPath::Categorized,
+        DecisionPath::Prm => pb::DecisionPath::Prm,
+        DecisionPath::Judge => pb::DecisionPath::Judge,
+        DecisionPath::Escalated => pb::DecisionPath::Escalated,
+        DecisionPath::Categorized => pb::DecisionPath::Categorized,
     }
 }
 
@@ -294,7 +318,7 @@ mod tests {
 
     fn field(r: Result<Trace, EngineError>) -> String {
         match r {
-            Err(EngineError::Invalid { field, .. }) => field,
+            Err(EngineError::Invalid { field, .. }) => field.to_string(),
             other => panic!("expected Invalid, got {other:?}"),
         }
     }
@@ -302,37 +326,46 @@ mod tests {
     #[test]
     fn bad_traces_name_the_field() {
         assert_eq!(
-            field(parse_trace(trace(" ", &["a"], ""), "trace")),
+            field(parse_trace(
+                trace(" ", &["a"], ""),
+                &FieldPath::key("trace")
+            )),
             "trace.question"
         );
         assert_eq!(
-            field(parse_trace(trace("q", &[], ""), "trace")),
+            field(parse_trace(trace("q", &[], ""), &FieldPath::key("trace"))),
             "trace.steps"
         );
         assert_eq!(
-            field(parse_trace(trace("q", &[], " \n\n "), "trace")),
+            field(parse_trace(
+                trace("q", &[], " \n\n "),
+                &FieldPath::key("trace")
+            )),
             "trace.steps"
         );
         assert_eq!(
-            field(parse_trace(trace("q", &["a", " "], ""), "trace")),
+            field(parse_trace(
+                trace("q", &["a", " "], ""),
+                &FieldPath::key("trace")
+            )),
             "trace.steps[1]"
         );
         let mut t = trace("q", &["a"], "");
         t.options = vec!["x".into(), "".into()];
         assert_eq!(
-            field(parse_trace(t, "candidates[3]")),
+            field(parse_trace(t, &FieldPath::key("candidates").at(3))),
             "candidates[3].options[1]"
         );
     }
 
     #[test]
     fn text_is_segmented_with_offsets() {
-        let t = parse_trace(trace("q", &[], "one\n\ntwo "), "trace").unwrap();
+        let t = parse_trace(trace("q", &[], "one\n\ntwo "), &FieldPath::key("trace")).unwrap();
         assert_eq!(t.steps.len(), 2);
         assert_eq!(t.steps[1].text, "two");
         assert_eq!(t.steps[1].span, Some(5..8));
         // Steps win over text when both are given.
-        let t = parse_trace(trace("q", &["s"], "one\n\ntwo"), "trace").unwrap();
+        let t = parse_trace(trace("q", &["s"], "one\n\ntwo"), &FieldPath::key("trace")).unwrap();
         assert_eq!(t.steps.len(), 1);
         assert_eq!(t.steps[0].span, None);
     }

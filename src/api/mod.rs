@@ -9,11 +9,12 @@ mod status;
 mod unreadable;
 
 pub use auth::BearerAuth;
-pub use convert::{category_from_pb, parse_grpc_timeout, parse_with_question};
+pub use convert::{TraceParts, category_from_pb};
 pub use status::{outcome, to_status};
 pub use unreadable::Readable;
 
-use crate::engine::{Engine, EngineError, Request as EngineRequest};
+use crate::engine::{Engine, EngineError, Origin, Request as EngineRequest};
+use crate::field::FieldPath;
 use crate::metrics;
 use futures::StreamExt;
 use std::pin::Pin;
@@ -80,6 +81,7 @@ async fn evaluate_one(
             threshold: input.threshold,
             deadline,
             arrived,
+            origin: Origin::fields(FieldPath::key("trace")),
         })
         .await?;
     Ok(convert::response(input.id, &trace, verdict))
@@ -294,15 +296,19 @@ async fn rank(
     let traces: Vec<Arc<_>> = input.traces.into_iter().map(Arc::new).collect();
     let requests = traces
         .iter()
-        .map(|t| EngineRequest {
+        .enumerate()
+        .map(|(i, t)| EngineRequest {
             evaluator: input.evaluator.clone(),
             trace: t.clone(),
             threshold,
             deadline,
             arrived,
+            origin: Origin::fields(FieldPath::key("candidates").at(i)),
         })
         .collect();
-    let verdicts = engine.evaluate_all(requests, "candidates").await?;
+    let verdicts = engine
+        .evaluate_all(requests, &FieldPath::key("candidates"))
+        .await?;
     let evaluator = verdicts
         .first()
         .map(|v| v.evaluator.clone())

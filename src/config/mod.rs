@@ -1,23 +1,27 @@
 //! Configuration: a TOML file, `--set` overrides and typed flags become one validated `Config`.
 //!
-//! Adding a key: a field (with its default) in the kind's struct in `evaluator.rs`, a rule in
-//! `rules.rs` if a type can't express it, and a line in the README's key table.
+//! It owns no kind's keys: each kind's struct lives with the kind (`prm/config.rs`,
+//! `judge/config.rs`, `cascade.rs`, `upstream/config.rs` for the keys every upstream shares),
+//! and this module dispatches on `kind`. Adding a key: a field (with its default) in the kind's
+//! struct, a line in its `check` if a type can't express the rule, and a line in
+//! docs/configuration.md.
 
-pub mod env;
 mod evaluator;
 mod flags;
 mod overrides;
 mod reward;
 mod rules;
 
-pub use evaluator::{
-    Backend, CascadeConfig, DeviceSpec, Dtype, EvaluatorConfig, JudgeConfig, KindConfig, PrmConfig,
-    defaults,
-};
+pub use crate::cascade::CascadeConfig;
+pub use crate::judge::JudgeConfig;
+pub use crate::prm::{Backend, DeviceSpec, Dtype, PrmConfig, VllmConfig};
+pub use crate::upstream::UpstreamConfig;
+pub use evaluator::{EvaluatorConfig, KindConfig, defaults};
 pub use flags::ServerFlags;
 pub use reward::{LabelsAs, QuestionFrom, RewardConfig, RewardRule};
-pub use rules::{MAX_RETRIES, MAX_SAMPLES};
 
+use crate::engine::{Admission, SlotSpec};
+pub use crate::env::{Env, Secret};
 use crate::prm::format::Family;
 use overrides::apply_override;
 use serde::{Deserialize, Serialize};
@@ -29,7 +33,7 @@ use std::path::{Path, PathBuf};
 /// Largest `max_in_flight` / `max_concurrency`: queues are allocated up front.
 pub const MAX_CAPACITY: usize = 1 << 20;
 /// Longest shutdown grace period, one hour.
-pub const MAX_GRACE_S: f64 = 3600.0;
+pub const MAX_GRACE_S: f64 = crate::rule::MAX_SECONDS;
 
 /// The embedded default: SmolLM2-135M-Instruct as a zero-shot chat-lm PRM, from the cache folder.
 const EMBEDDED_NAME: &str = "smollm2";
@@ -50,6 +54,10 @@ pub struct Config {
     /// Where the configuration came from, for error messages.
     #[serde(skip)]
     pub source: String,
+    /// The environment its `*_env` keys are read from: the process's, unless a test hands in
+    /// its own.
+    #[serde(skip)]
+    pub env: Env,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -81,11 +89,6 @@ pub struct ServerConfig {
     pub cache_dir: PathBuf,
 }
 
-/// A secret string: never printed, serialised as "[redacted]".
-#[derive(Clone, Deserialize, PartialEq)]
-#[serde(transparent)]
-pub struct Secret(pub String);
-
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("config {source_name}: {message}")]
 pub struct ConfigError {
@@ -108,20 +111,8 @@ impl Default for ServerConfig {
             auth_tokens_env: None,
             tls_cert: None,
             tls_key: None,
-            cache_dir: env::cache_dir(),
+            cache_dir: Env::process().cache_dir(),
         }
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[redacted]")
-    }
-}
-
-impl Serialize for Secret {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str("[redacted]")
     }
 }
 
@@ -280,6 +271,31 @@ impl Config {
         Ok(())
     }
 
+    /// What the engine needs of each evaluator before it is loaded.
+    pub fn slot_specs(&self) -> Vec<SlotSpec> {
+        self.evaluators
+            .iter()
+            .map(|e| SlotSpec {
+                name: e.name.clone(),
+                threshold: e.threshold,
+                aggregate: e.aggregate,
+                max_steps: e.max_steps.unwrap_or(self.server.max_steps),
+                max_trace_bytes: e.max_trace_bytes.unwrap_or(self.server.max_trace_bytes),
+                max_concurrency: e.max_concurrency,
+                wraps_others: matches!(e.kind, KindConfig::Cascade(_)),
+                loading: e.kind.loading(),
+            })
+            .collect()
+    }
+
+    /// The limits every evaluator shares.
+    pub fn admission(&self) -> Admission {
+        Admission {
+            max_in_flight: self.server.max_in_flight,
+            default: self.default_evaluator().to_string(),
+        }
+    }
+
     /// The evaluator requests get when they name none.
     pub fn default_evaluator(&self) -> &str {
         self.server
@@ -292,7 +308,7 @@ impl Config {
     pub fn auth_tokens(&self) -> Result<Vec<Secret>, ConfigError> {
         let mut tokens = self.server.auth_tokens.clone();
         if let Some(var) = &self.server.auth_tokens_env {
-            let value = env::secret(var).ok_or_else(|| {
+            let value = self.env.secret(var).ok_or_else(|| {
                 self.fail(format!(
                     "server.auth_tokens_env names {var}, which is not set"
                 ))
@@ -324,10 +340,17 @@ fn at_fault(table: &toml::Table, message: &str, line: Option<usize>) -> Option<S
         .find(|(_, t)| EvaluatorConfig::deserialize((*t).clone()).is_err())?;
     let name = t.get("name").and_then(toml::Value::as_str).unwrap_or("?");
     let line = line.map(|l| format!(" (line {l})")).unwrap_or_default();
-    Some(format!(
-        "evaluator[{i}] ({name:?}){line}: {}",
-        message.trim()
-    ))
+    let moved = crate::prm::MOVED_TO_VLLM.iter().find(|k| {
+        t.get("kind").and_then(toml::Value::as_str) == Some("prm") && t.get(**k).is_some()
+    });
+    let message = match moved {
+        Some(key) => format!(
+            "{key}: a PRM's vLLM keys now live in their own table; move `{key}` under \
+             [evaluator.vllm], after this evaluator's other keys"
+        ),
+        None => message.trim().to_string(),
+    };
+    Some(format!("evaluator[{i}] ({name:?}){line}: {message}"))
 }
 
 #[cfg(test)]

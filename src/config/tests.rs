@@ -31,8 +31,8 @@ fn example_parses() {
         panic!("a prm table")
     };
     assert_eq!(p.family, Family::QwenMathPrm);
-    assert_eq!(p.device, DeviceSpec::Cpu);
-    assert_eq!(p.max_batch_tokens(), defaults::MAX_BATCH_TOKENS);
+    assert_eq!(p.device(), DeviceSpec::Cpu);
+    assert_eq!(p.max_batch_tokens(), crate::prm::defaults::MAX_BATCH_TOKENS);
     assert_eq!(c.evaluators[0].threshold, 0.5);
 }
 
@@ -227,8 +227,11 @@ fn overrides_apply_and_validate() {
     let KindConfig::Prm(p) = &c.evaluators[0].kind else {
         panic!("a prm table")
     };
-    assert_eq!(p.device, DeviceSpec::Cuda(1));
-    assert_eq!(p.max_batch_tokens(), defaults::MAX_BATCH_TOKENS_CUDA);
+    assert_eq!(p.device(), DeviceSpec::Cuda(1));
+    assert_eq!(
+        p.max_batch_tokens(),
+        crate::prm::defaults::MAX_BATCH_TOKENS_CUDA
+    );
     let err = Config::parse(EXAMPLE, "t", &["evaluator.nope.threshold=1".into()]).unwrap_err();
     assert!(
         err.message.contains("no evaluator is named \"nope\""),
@@ -300,7 +303,7 @@ fn device_and_dtype_are_parsed_when_the_config_is_read() {
     let KindConfig::Prm(p) = &c.evaluators[0].kind else {
         panic!("a prm table")
     };
-    assert_eq!((p.device, p.dtype()), (DeviceSpec::Cuda(0), Dtype::Bf16));
+    assert_eq!((p.device(), p.dtype()), (DeviceSpec::Cuda(0), Dtype::Bf16));
 }
 
 #[test]
@@ -383,52 +386,89 @@ fn the_resolved_config_renders_and_reads_back_the_same() {
 
 #[test]
 fn a_vllm_backed_prm_validates_its_keys() {
-    let vllm = EXAMPLE.replace(
-        "device = \"cpu\"\n",
-        "backend = \"vllm\"\nbase_url = \"http://gpu-0:8000\"\nserved_model = \"prm\"\ntimeout_s = 30\n",
+    let base = EXAMPLE.replace("device = \"cpu\"\n", "backend = \"vllm\"\n");
+    let vllm = format!(
+        "{base}[evaluator.vllm]\nbase_url = \"http://gpu-0:8000\"\nserved_model = \"prm\"\ntimeout_s = 30\n"
     );
     let c = parse(&vllm).unwrap();
     let KindConfig::Prm(p) = &c.evaluators[0].kind else {
         panic!("a prm table")
     };
     assert_eq!(p.backend, Backend::Vllm);
-    assert_eq!(p.base_url.as_deref(), Some("http://gpu-0:8000"));
+    let table = p.vllm.as_ref().expect("the vllm table");
+    assert_eq!(table.endpoint.base_url, "http://gpu-0:8000");
+    assert_eq!(table.endpoint.timeout_s, 30.0);
+    assert_eq!(table.top_logprobs, crate::prm::defaults::TOP_LOGPROBS);
+    let candle_key = |key: &str| {
+        vllm.replace(
+            "backend = \"vllm\"\n",
+            &format!("backend = \"vllm\"\n{key}\n"),
+        )
+    };
     let cases = [
-        // A vLLM key on an in-process PRM.
+        // The table on an in-process PRM.
+        (
+            format!("{EXAMPLE}[evaluator.vllm]\nbase_url = \"http://x\"\n"),
+            "applies only to backend = \"vllm\"".to_string(),
+        ),
+        // The old spelling at the PRM's top level: named, with where it went.
         (
             EXAMPLE.replace("device = \"cpu\"", "base_url = \"http://x\""),
-            "base_url applies only to backend = \"vllm\"",
+            "base_url: a PRM's vLLM keys now live in their own table".to_string(),
         ),
         (
             EXAMPLE.replace("device = \"cpu\"", "top_logprobs = 5"),
-            "top_logprobs applies only",
+            "move `top_logprobs` under [evaluator.vllm]".to_string(),
         ),
+        (base.clone(), "needs an [evaluator.vllm] table".to_string()),
         (
             vllm.replace("base_url = \"http://gpu-0:8000\"\n", ""),
-            "base_url must be the vLLM server's",
+            "base_url".to_string(),
         ),
         (
             vllm.replace("http://gpu-0:8000", "gpu-0:8000"),
-            "got \"gpu-0:8000\"",
+            "\"gpu-0:8000\"".to_string(),
         ),
         (
             vllm.replace("family = \"qwen2-math-prm\"", "family = \"skywork-prm\""),
-            "skywork-prm's value head",
+            "skywork-prm's value head".to_string(),
         ),
-        (format!("{vllm}dtype = \"bf16\"\n"), "device and dtype"),
         (
             format!("{vllm}top_logprobs = 1\n"),
-            "top_logprobs must lie in [2, 100]",
+            "vllm.top_logprobs must lie in [2, 100]".to_string(),
         ),
-        (format!("{vllm}retries = 99\n"), "retries must be at most"),
+        (
+            format!("{vllm}retries = 99\n"),
+            "vllm.retries must be at most".to_string(),
+        ),
         (
             vllm.replace("timeout_s = 30", "timeout_s = 0"),
-            "timeout_s must lie in",
+            "vllm.timeout_s must lie in".to_string(),
         ),
-        (format!("{vllm}backend_url = \"x\"\n"), "backend_url"),
+        (
+            format!("{vllm}backend_url = \"x\"\n"),
+            "backend_url".to_string(),
+        ),
     ];
-    for (text, needle) in cases {
+    let candle_keys = [
+        "device = \"cuda\"",
+        "dtype = \"bf16\"",
+        "max_batch_tokens = 4096",
+        "max_batch_size = 8",
+        "max_wait_ms = 5",
+        "prefix_cache_mb = 64",
+        "prefix_sharing = false",
+    ];
+    // Every candle key under a vLLM backend is refused, by name.
+    let candle_cases = candle_keys.iter().map(|kv| {
+        let key = kv.split(' ').next().unwrap();
+        (
+            candle_key(kv),
+            format!("{key} applies only to backend = \"candle\""),
+        )
+    });
+    for (text, needle) in cases.into_iter().chain(candle_cases) {
         let err = parse(&text).unwrap_err();
-        assert!(err.message.contains(needle), "{needle:?} not in {err}");
+        assert!(err.message.contains(&needle), "{needle:?} not in {err}");
     }
 }

@@ -3,8 +3,11 @@
 
 mod registry;
 
-pub use registry::{Engine, EvaluatorLoader, EvaluatorStatus, Loaded, Request, any_changed};
+pub use registry::{
+    Admission, Engine, EvaluatorStatus, LoadByName, Loaded, Origin, Request, SlotSpec, any_changed,
+};
 
+use crate::field::FieldPath;
 use crate::trace::{Judgement, Trace};
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -62,9 +65,10 @@ pub trait Evaluator: Send + Sync + 'static {
 /// Every way a request can fail below the API; `api::status` maps each to one gRPC code.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EngineError {
-    /// The input is at fault; `field` names where (e.g. `trace.steps[2]`).
+    /// The input is at fault; `field` names where (e.g. `trace.steps[2]`). An evaluator names
+    /// fields relative to the trace it was given; the engine makes them the caller's.
     #[error("{field}: {message}")]
-    Invalid { field: String, message: String },
+    Invalid { field: FieldPath, message: String },
     #[error("server at capacity: {0}")]
     Overloaded(String),
     #[error("unavailable: {0}")]
@@ -78,7 +82,7 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn invalid(field: impl Into<FieldPath>, message: impl Into<String>) -> Self {
         EngineError::Invalid {
             field: field.into(),
             message: message.into(),

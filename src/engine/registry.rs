@@ -1,7 +1,7 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
 use super::{Description, EngineError, Evaluator, Job};
-use crate::config::{Config, EvaluatorConfig, KindConfig};
+use crate::field::FieldPath;
 use crate::metrics;
 use crate::trace::{Aggregate, Judgement, Trace, Verdict};
 use futures::future::BoxFuture;
@@ -11,10 +11,36 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, timeout_at};
 
-/// Builds one evaluator from its table; runs on a blocking thread (it may load a model).
+/// Builds the evaluator of one name; runs on a blocking thread (it may load a model).
 /// `Loaded` holds the evaluators built before it, which a cascade wraps.
-pub type EvaluatorLoader =
-    Arc<dyn Fn(&EvaluatorConfig, &Loaded) -> Result<Arc<dyn Evaluator>, EngineError> + Send + Sync>;
+pub type LoadByName =
+    Arc<dyn Fn(&str, &Loaded) -> Result<Arc<dyn Evaluator>, EngineError> + Send + Sync>;
+
+/// What the engine knows of an evaluator before it is loaded: its name, its request-side
+/// settings, and what to say of it while it loads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotSpec {
+    pub name: String,
+    pub threshold: f32,
+    pub aggregate: Aggregate,
+    pub max_steps: usize,
+    pub max_trace_bytes: usize,
+    /// Requests handed to the evaluator at once; the rest wait in its queue.
+    pub max_concurrency: usize,
+    /// It wraps other evaluators (a cascade), so it loads after them.
+    pub wraps_others: bool,
+    /// What ListEvaluators says while it loads.
+    pub loading: Description,
+}
+
+/// The limits shared by every evaluator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admission {
+    /// Requests admitted at once, across evaluators; more are refused.
+    pub max_in_flight: usize,
+    /// The evaluator a request gets when it names none.
+    pub default: String,
+}
 
 /// Evaluators loaded so far, by name. Each is reached through its own gate, so a cascade's calls
 /// queue behind the evaluator's `max_concurrency` like everyone else's.
@@ -29,6 +55,53 @@ pub struct Request {
     pub threshold: Option<f32>,
     pub deadline: Option<Instant>,
     pub arrived: Instant,
+    /// Where the trace sits in the caller's body, for naming fields in errors.
+    pub origin: Origin,
+}
+
+/// Where a request's trace came from in the caller's body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Origin {
+    /// The trace's own field: `trace`, `candidates[2]`, `query[1]`.
+    pub at: FieldPath,
+    /// The body spells the trace's parts (`steps`, `question`) as fields of their own; when it
+    /// doesn't (a reward sample is one string), errors name `at` and say the part in words.
+    pub has_parts: bool,
+}
+
+impl Origin {
+    /// A trace given as a message with its parts as fields (gRPC, `/v1/...`).
+    pub fn fields(at: FieldPath) -> Origin {
+        Origin {
+            at,
+            has_parts: true,
+        }
+    }
+
+    /// A trace given as one string (a reward sample).
+    pub fn text(at: FieldPath) -> Origin {
+        Origin {
+            at,
+            has_parts: false,
+        }
+    }
+
+    /// `e`, with a field an evaluator named relative to the trace made the caller's.
+    pub fn locate(&self, e: EngineError) -> EngineError {
+        match e {
+            EngineError::Invalid { field, message } if self.has_parts || field.is_root() => {
+                EngineError::Invalid {
+                    field: self.at.join(&field),
+                    message,
+                }
+            }
+            EngineError::Invalid { field, message } => EngineError::Invalid {
+                field: self.at.clone(),
+                message: format!("{field}: {message}"),
+            },
+            other => other,
+        }
+    }
 }
 
 /// What ListEvaluators reports for one evaluator.
@@ -55,7 +128,7 @@ pub struct Engine {
 
 struct Slot {
     name: String,
-    config: EvaluatorConfig,
+    spec: SlotSpec,
     max_steps: usize,
     max_trace_bytes: usize,
     /// Requests handed to the evaluator at once; waiters are the evaluator's queue.
@@ -81,45 +154,44 @@ impl<F: Fn(f64)> Drop for GaugeGuard<F> {
 
 impl Engine {
     /// An engine whose evaluators are not loaded yet: requests get UNAVAILABLE until `load`.
-    pub fn new(config: &Config) -> Arc<Engine> {
-        let server = &config.server;
-        let slots = config
-            .evaluators
-            .iter()
-            .map(|e| {
+    pub fn new(specs: Vec<SlotSpec>, admission: Admission) -> Arc<Engine> {
+        let order = specs.iter().map(|s| s.name.clone()).collect();
+        let slots = specs
+            .into_iter()
+            .map(|spec| {
+                metrics::set_ready(&spec.name, false);
                 let slot = Arc::new(Slot {
-                    name: e.name.clone(),
-                    config: e.clone(),
-                    max_steps: e.max_steps.unwrap_or(server.max_steps),
-                    max_trace_bytes: e.max_trace_bytes.unwrap_or(server.max_trace_bytes),
-                    gate: Arc::new(Semaphore::new(e.max_concurrency)),
+                    name: spec.name.clone(),
+                    max_steps: spec.max_steps,
+                    max_trace_bytes: spec.max_trace_bytes,
+                    gate: Arc::new(Semaphore::new(spec.max_concurrency)),
                     evaluator: OnceLock::new(),
+                    spec,
                 });
-                metrics::set_ready(&e.name, false);
-                (e.name.clone(), slot)
+                (slot.name.clone(), slot)
             })
             .collect();
         Arc::new(Engine {
             slots,
-            order: config.evaluators.iter().map(|e| e.name.clone()).collect(),
-            default: config.default_evaluator().to_string(),
-            admission: Arc::new(Semaphore::new(server.max_in_flight)),
-            max_in_flight: server.max_in_flight,
+            order,
+            default: admission.default,
+            admission: Arc::new(Semaphore::new(admission.max_in_flight)),
+            max_in_flight: admission.max_in_flight,
         })
     }
 
     /// Loads every evaluator on blocking threads, in config order except that cascades come
     /// last (they wrap others); fails on the first error.
-    pub async fn load(&self, loader: EvaluatorLoader) -> Result<(), EngineError> {
+    pub async fn load(&self, loader: LoadByName) -> Result<(), EngineError> {
         let mut order: Vec<&String> = self.order.iter().collect();
-        order.sort_by_key(|name| matches!(self.slots[*name].config.kind, KindConfig::Cascade(_)));
+        order.sort_by_key(|name| self.slots[*name].spec.wraps_others);
         let mut loaded = Loaded::new();
         for name in order {
             let slot = &self.slots[name];
-            let (loader, cfg) = (loader.clone(), slot.config.clone());
+            let (loader, owned) = (loader.clone(), name.clone());
             let before = loaded.clone();
             let started = std::time::Instant::now();
-            let evaluator = tokio::task::spawn_blocking(move || loader(&cfg, &before))
+            let evaluator = tokio::task::spawn_blocking(move || loader(&owned, &before))
                 .await
                 .map_err(|e| {
                     EngineError::Internal(format!("loading evaluator {name:?} panicked: {e}"))
@@ -150,8 +222,8 @@ impl Engine {
                 EvaluatorStatus {
                     name: name.clone(),
                     description,
-                    threshold: slot.config.threshold,
-                    aggregate: slot.config.aggregate,
+                    threshold: slot.spec.threshold,
+                    aggregate: slot.spec.aggregate,
                     max_steps: slot.max_steps,
                     max_trace_bytes: slot.max_trace_bytes,
                     ready: slot.ready(),
@@ -184,38 +256,33 @@ impl Engine {
     /// Admits and judges one request.
     pub async fn evaluate(&self, request: Request) -> Result<Verdict, EngineError> {
         let slot = self.slot(&request.evaluator)?;
-        slot.check_limits(&request.trace, "trace")?;
-        let _permit = self.admit(1, "trace")?;
-        slot.run(request).await
+        let origin = request.origin.clone();
+        slot.check_limits(&request.trace)
+            .map_err(|e| origin.locate(e))?;
+        let _permit = self.admit(1, &origin.at)?;
+        slot.run(request).await.map_err(|e| origin.locate(e))
     }
 
     /// Admits and judges every request together (all or none are admitted); results keep order.
-    /// `field` names the list in errors: `candidates` (a Rank), `query` (a reward batch).
+    /// `list` names the list in errors: `candidates` (a Rank), `query` (a reward batch); each
+    /// request's origin names its item.
     pub async fn evaluate_all(
         &self,
         requests: Vec<Request>,
-        field: &str,
+        list: &FieldPath,
     ) -> Result<Vec<Verdict>, EngineError> {
         let Some(first) = requests.first() else {
             return Ok(Vec::new());
         };
         let slot = self.slot(&first.evaluator)?;
-        for (i, r) in requests.iter().enumerate() {
-            slot.check_limits(&r.trace, &format!("{field}[{i}]"))?;
+        for r in &requests {
+            slot.check_limits(&r.trace)
+                .map_err(|e| r.origin.locate(e))?;
         }
-        let _permit = self.admit(requests.len(), field)?;
-        let list = field;
-        let runs = requests.into_iter().enumerate().map(|(i, r)| async move {
-            // An evaluator names fields under `trace`; in a list the trace is an item.
-            slot.run(r).await.map_err(|e| match e {
-                EngineError::Invalid { field, message } if field.starts_with("trace") => {
-                    EngineError::Invalid {
-                        field: format!("{list}[{i}]{}", &field["trace".len()..]),
-                        message,
-                    }
-                }
-                other => other,
-            })
+        let _permit = self.admit(requests.len(), list)?;
+        let runs = requests.into_iter().map(|r| async move {
+            let origin = r.origin.clone();
+            slot.run(r).await.map_err(|e| origin.locate(e))
         });
         futures::future::try_join_all(runs).await
     }
@@ -229,12 +296,12 @@ impl Engine {
     fn admit(
         &self,
         n: usize,
-        field: &str,
+        field: &FieldPath,
     ) -> Result<(OwnedSemaphorePermit, GaugeGuard<impl Fn(f64)>), EngineError> {
         let n32 = u32::try_from(n).unwrap_or(u32::MAX);
         if n > self.max_in_flight {
             return Err(EngineError::invalid(
-                field,
+                field.clone(),
                 format!(
                     "{n} items exceed the server's max_in_flight = {}",
                     self.max_in_flight
@@ -264,14 +331,7 @@ impl Slot {
     fn describe(&self) -> Description {
         match self.evaluator.get() {
             Some(e) => e.describe(),
-            None => Description {
-                kind: self.config.kind_name().to_string(),
-                family: match &self.config.kind {
-                    KindConfig::Prm(p) => p.family.as_str().to_string(),
-                    _ => String::new(),
-                },
-                model: self.config.kind.model().unwrap_or_default().to_string(),
-            },
+            None => self.spec.loading.clone(),
         }
     }
 
@@ -279,10 +339,11 @@ impl Slot {
         self.evaluator.get().is_some_and(|e| e.ready())
     }
 
-    fn check_limits(&self, trace: &Trace, field: &str) -> Result<(), EngineError> {
+    /// The evaluator's limits on a trace; fields are named relative to it.
+    fn check_limits(&self, trace: &Trace) -> Result<(), EngineError> {
         if trace.steps.len() > self.max_steps {
             return Err(EngineError::invalid(
-                format!("{field}.steps"),
+                FieldPath::root().then("steps"),
                 format!(
                     "{} steps exceed this evaluator's limit of {}",
                     trace.steps.len(),
@@ -293,7 +354,7 @@ impl Slot {
         let bytes = trace.byte_len();
         if bytes > self.max_trace_bytes {
             return Err(EngineError::invalid(
-                field,
+                FieldPath::root(),
                 format!(
                     "{bytes} bytes exceed this evaluator's limit of {} (max_trace_bytes)",
                     self.max_trace_bytes
@@ -358,7 +419,7 @@ impl Slot {
     }
 
     async fn run(&self, request: Request) -> Result<Verdict, EngineError> {
-        let threshold = request.threshold.unwrap_or(self.config.threshold);
+        let threshold = request.threshold.unwrap_or(self.spec.threshold);
         let job = Job {
             trace: request.trace.clone(),
             threshold,
@@ -369,7 +430,7 @@ impl Slot {
         metrics::record_stage(&self.name, metrics::Stage::Queue, queue + judgement.queued);
         Ok(Verdict {
             evaluator: self.name.clone(),
-            trace_score: self.config.aggregate.apply(&judgement.step_scores),
+            trace_score: self.spec.aggregate.apply(&judgement.step_scores),
             threshold,
             queue: queue + judgement.queued,
             total: request.arrived.elapsed(),

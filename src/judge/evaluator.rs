@@ -11,7 +11,7 @@ use super::parse::{self, ParseError, Parsed, Vote};
 use super::prompt::Templates;
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics::{self, Stage};
-use crate::trace::{Judgement, Path};
+use crate::trace::{DecisionPath, Judgement};
 use futures::future::{BoxFuture, try_join_all};
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::time::Instant;
@@ -395,7 +395,7 @@ pub(super) fn judgement(
         rationale,
         queued: std::time::Duration::ZERO,
         inference: std::time::Duration::ZERO,
-        path: Path::Judge,
+        path: DecisionPath::Judge,
         tokens: None,
     }
 }

@@ -4,23 +4,23 @@
 mod cache;
 mod call;
 pub(crate) mod client;
+mod config;
 mod evaluator;
 pub mod output;
 pub mod parse;
 pub(crate) mod prompt;
 
 pub use crate::upstream::{CallError, CallPolicy};
+pub use config::{JudgeConfig, defaults};
 pub use evaluator::JudgeEvaluator;
 pub use output::{OutputMode, UpstreamKind};
 
-use crate::config::{EvaluatorConfig, JudgeConfig};
 use crate::engine::EngineError;
 use crate::upstream::Endpoint;
 use client::ChatParams;
 use prompt::{PromptError, Template, TemplateKind, Templates};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 /// Every way judging can fail; `into_engine` gives each its engine error.
 #[derive(Debug, thiserror::Error)]
@@ -51,11 +51,15 @@ impl JudgeError {
 
 /// Builds a judge from its table: reads the API key from `api_key_env` and template overrides
 /// from `prompts_dir`. Nothing is sent upstream until the first request.
-pub fn load(common: &EvaluatorConfig, config: &JudgeConfig) -> Result<JudgeEvaluator, EngineError> {
-    let at =
-        |message: String| EngineError::Internal(format!("evaluator {:?}: {message}", common.name));
-    let api_key = crate::upstream::api_key(config.api_key_env.as_deref()).map_err(at)?;
-    let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+pub fn load(
+    name: &str,
+    max_concurrency: usize,
+    config: &JudgeConfig,
+) -> Result<JudgeEvaluator, EngineError> {
+    let at = |message: String| EngineError::Internal(format!("evaluator {name:?}: {message}"));
+    let keys = &config.endpoint;
+    let api_key = crate::upstream::api_key(keys.api_key_env.as_deref()).map_err(at)?;
+    let url = format!("{}/chat/completions", keys.base_url.trim_end_matches('/'));
     let endpoint = Endpoint::new(url, api_key).map_err(at)?;
     let extra = serde_json::to_value(&config.extra_body)
         .ok()
@@ -73,16 +77,9 @@ pub fn load(common: &EvaluatorConfig, config: &JudgeConfig) -> Result<JudgeEvalu
     if let Some(dir) = &config.prompts_dir {
         load_overrides(&mut templates, dir).map_err(|e| at(e.to_string()))?;
     }
-    let policy = CallPolicy {
-        max_concurrency: common.max_concurrency,
-        requests_per_minute: config.requests_per_minute,
-        retries: config.retries,
-        timeout: Duration::from_secs_f64(config.timeout_s),
-        breaker_failures: config.breaker_failures,
-        breaker_cooldown: Duration::from_secs_f64(config.breaker_cooldown_s),
-    };
+    let policy = keys.policy(max_concurrency);
     Ok(JudgeEvaluator {
-        name: common.name.clone(),
+        name: name.to_string(),
         params,
         samples: config.samples,
         parallel: AtomicBool::new(config.parallel_samples),
@@ -92,7 +89,7 @@ pub fn load(common: &EvaluatorConfig, config: &JudgeConfig) -> Result<JudgeEvalu
         output: config.output_mode(),
         upstream: config.upstream,
         text_fallback: AtomicBool::new(false),
-        caller: call::Caller::new(&common.name, endpoint, policy, config.cache_entries),
+        caller: call::Caller::new(name, endpoint, policy, config.cache_entries),
     })
 }
 

@@ -5,6 +5,7 @@
 
 use super::format::Encoded;
 use crate::metrics;
+pub use retrace_model::{CacheStats, Row, Tokens};
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, OnceLock};
@@ -38,27 +39,6 @@ pub trait Scorer: Send + 'static {
     fn cache(&self) -> Option<CacheStats> {
         None
     }
-}
-
-/// One row's scores, and where its tokens came from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
-    pub scores: Vec<f32>,
-    pub tokens: Tokens,
-}
-
-/// Tokens of one row computed for it, and reused (from the cache, or shared in its batch).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Tokens {
-    pub computed: usize,
-    pub reused: usize,
-}
-
-/// A prefix cache's state, for its metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct CacheStats {
-    pub bytes: usize,
-    pub evictions: u64,
 }
 
 /// How batches are cut.

@@ -1,9 +1,9 @@
 //! Each PRM family's input format (docs/prm-formats.md): a trace becomes token ids plus the
 //! positions where each step's score is read. Byte-exact strings, the model's own tokenizer.
 
-use super::model::HeadSpec;
 use super::template::{ChatTemplate, Message, special_token};
 use crate::trace::Trace;
+use retrace_model::HeadSpec;
 use std::path::Path;
 use tokenizers::Tokenizer;
 
@@ -122,7 +122,7 @@ impl Formatter {
     /// Reads `tokenizer.json` and `tokenizer_config.json` from `folder`; for a `.gguf` file, from
     /// beside it, or else rebuilt from the file's own vocabulary and metadata.
     pub fn load(family: Family, folder: &Path) -> Result<Formatter, String> {
-        if crate::prm::model::is_gguf(folder) {
+        if retrace_model::is_gguf(folder) {
             return Self::load_gguf(family, folder);
         }
         let tokenizer_path = folder.join("tokenizer.json");
@@ -139,7 +139,7 @@ impl Formatter {
             dir.join("tokenizer.json"),
             dir.join("tokenizer_config.json"),
         );
-        let gguf = super::gguf::Gguf::open(path).map_err(|e| e.to_string())?;
+        let gguf = retrace_model::Gguf::open(path).map_err(|e| e.to_string())?;
         let tokenizer = if tokenizer_path.is_file() {
             Tokenizer::from_file(&tokenizer_path)
                 .map_err(|e| format!("{}: {e}", tokenizer_path.display()))?

@@ -2,31 +2,27 @@
 //! formatting, and the batching model thread, behind the engine's `Evaluator` trait.
 
 mod batcher;
-mod decoder;
+mod candle;
+mod config;
 pub mod format;
-mod gguf;
-mod head;
-mod layers;
-pub(crate) mod model;
-pub(crate) mod model_config;
-mod packing;
-mod plan;
-mod prefix_cache;
 pub mod remote;
 mod template;
-mod weights;
 
 pub use batcher::{BatchError, Budget, Scorer, next_batch};
+pub use config::{
+    Backend, CandleConfig, DeviceSpec, Dtype, MOVED_TO_VLLM, PrmConfig, VllmConfig, defaults,
+};
 
-use crate::config::{Backend, Dtype, EvaluatorConfig, PrmConfig, env};
 use crate::engine::{Description, EngineError, Evaluator, Job};
+use crate::env::Env;
+use crate::field::FieldPath;
 use crate::metrics;
 use crate::trace::Judgement;
 use batcher::Batcher;
 use candle_core::DType;
 use format::{Family, FormatError, Formatter};
 use futures::future::BoxFuture;
-use model::{ModelError, PrmModel};
+use retrace_model::{ModelError, PrmModel, Reuse};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +35,7 @@ pub enum PrmError {
     #[error(transparent)]
     Format(#[from] FormatError),
     #[error(
-        "trace: {tokens} tokens exceed the model's context of {limit} tokens (max_position_embeddings)"
+        "{tokens} tokens exceed the model's context of {limit} tokens (max_position_embeddings)"
     )]
     TooLong { tokens: usize, limit: usize },
     #[error(transparent)]
@@ -59,14 +55,14 @@ impl PrmError {
 impl From<PrmError> for EngineError {
     fn from(e: PrmError) -> Self {
         match e {
+            // Fields relative to the trace; the engine knows where the trace sits.
             PrmError::Format(FormatError::Step { step, message }) => {
-                EngineError::invalid(format!("trace.steps[{step}]"), message)
+                EngineError::invalid(FieldPath::root().then("steps").at(step), message)
             }
-            PrmError::Format(FormatError::Trace(message)) => EngineError::invalid("trace", message),
-            e @ PrmError::TooLong { .. } => {
-                let message = e.to_string();
-                EngineError::invalid("trace", message.trim_start_matches("trace: "))
+            PrmError::Format(FormatError::Trace(message)) => {
+                EngineError::invalid(FieldPath::root(), message)
             }
+            e @ PrmError::TooLong { .. } => EngineError::invalid(FieldPath::root(), e.to_string()),
             PrmError::Batch(BatchError::QueueFull(n)) => {
                 EngineError::Overloaded(format!("the model's queue is full ({n} requests)"))
             }
@@ -103,22 +99,35 @@ pub struct PrmEvaluator {
 
 /// Loads the PRM an `[[evaluator]]` table describes (runs on a blocking thread): the checkpoint
 /// on candle, or the formatter in front of a vLLM server.
-pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<Arc<dyn Evaluator>, EngineError> {
-    if cfg.backend == Backend::Vllm {
-        return Ok(Arc::new(remote::RemotePrm::load(common, cfg)?));
+pub fn load(
+    name: &str,
+    max_concurrency: usize,
+    cfg: &PrmConfig,
+) -> Result<Arc<dyn Evaluator>, EngineError> {
+    if let (Backend::Vllm, Some(vllm)) = (cfg.backend, &cfg.vllm) {
+        return Ok(Arc::new(remote::RemotePrm::load(
+            name,
+            max_concurrency,
+            cfg,
+            vllm,
+        )?));
     }
-    Ok(Arc::new(PrmEvaluator::load(common, cfg)?))
+    Ok(Arc::new(PrmEvaluator::load(name, max_concurrency, cfg)?))
 }
 
 impl PrmEvaluator {
-    pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<PrmEvaluator, PrmError> {
-        let fail = PrmError::load(&common.name);
+    pub fn load(
+        name: &str,
+        max_concurrency: usize,
+        cfg: &PrmConfig,
+    ) -> Result<PrmEvaluator, PrmError> {
+        let fail = PrmError::load(name);
         let folder = find_model(
             &cfg.model,
             "for the embedded default, run scripts/fetch-smollm2.sh",
         )
         .map_err(fail)?;
-        let device = model::device(cfg.device).map_err(|e| fail(e.to_string()))?;
+        let device = candle::device(cfg.device()).map_err(|e| fail(e.to_string()))?;
         let dtype = match cfg.dtype() {
             Dtype::F32 => DType::F32,
             Dtype::Bf16 => DType::BF16,
@@ -127,34 +136,44 @@ impl PrmEvaluator {
         let formatter = Formatter::load(cfg.family, &folder).map_err(fail)?;
         let model = PrmModel::load(&folder, formatter.head_spec(), &device, dtype)
             .map_err(|e: ModelError| fail(e.to_string()))?
-            .with_reuse(model::Reuse {
-                cache_bytes: cfg.prefix_cache_mb << 20,
-                share: cfg.prefix_sharing,
+            .with_reuse(Reuse {
+                cache_bytes: cfg.prefix_cache_mb() << 20,
+                share: cfg.prefix_sharing(),
             });
         let limits = Limits {
             max_tokens: model.max_positions(),
             vocab_size: model.vocab_size(),
         };
-        Self::assemble(common, cfg, folder, formatter, model, limits)
+        Self::assemble(name, max_concurrency, cfg, folder, formatter, model, limits)
     }
 
     /// A PRM whose rows `scorer` scores instead of the candle model (another backend, or a test's
     /// scorer that fails on purpose); formatting, batching and health are the same as `load`'s.
     pub fn with_scorer(
-        common: &EvaluatorConfig,
+        name: &str,
+        max_concurrency: usize,
         cfg: &PrmConfig,
         scorer: impl Scorer,
         limits: Limits,
     ) -> Result<PrmEvaluator, PrmError> {
-        let fail = PrmError::load(&common.name);
-        let folder = resolve_model(&cfg.model)
+        let fail = PrmError::load(name);
+        let folder = resolve_model(&cfg.model, Env::process().hf_hub_cache().as_deref())
             .ok_or_else(|| fail(format!("model folder {} does not exist", cfg.model)))?;
         let formatter = Formatter::load(cfg.family, &folder).map_err(fail)?;
-        Self::assemble(common, cfg, folder, formatter, scorer, limits)
+        Self::assemble(
+            name,
+            max_concurrency,
+            cfg,
+            folder,
+            formatter,
+            scorer,
+            limits,
+        )
     }
 
     fn assemble(
-        common: &EvaluatorConfig,
+        name: &str,
+        max_concurrency: usize,
         cfg: &PrmConfig,
         folder: PathBuf,
         formatter: Formatter,
@@ -163,16 +182,14 @@ impl PrmEvaluator {
     ) -> Result<PrmEvaluator, PrmError> {
         let budget = Budget {
             max_batch_tokens: cfg.max_batch_tokens(),
-            max_batch_size: cfg.max_batch_size,
-            max_wait: Duration::from_millis(cfg.max_wait_ms),
+            max_batch_size: cfg.max_batch_size(),
+            max_wait: Duration::from_millis(cfg.max_wait_ms()),
         };
         // The engine's gate admits at most max_concurrency jobs, so the queue never needs more.
-        let batcher = Batcher::spawn(&common.name, scorer, budget, common.max_concurrency)
-            .map_err(|e| {
-                PrmError::load(&common.name)(format!("cannot start the model thread: {e}"))
-            })?;
+        let batcher = Batcher::spawn(name, scorer, budget, max_concurrency)
+            .map_err(|e| PrmError::load(name)(format!("cannot start the model thread: {e}")))?;
         Ok(PrmEvaluator {
-            name: common.name.clone(),
+            name: name.to_string(),
             family: cfg.family,
             folder,
             formatter: Arc::new(formatter),
@@ -188,8 +205,8 @@ impl PrmEvaluator {
 }
 
 /// The decoder's config of a GGUF file, read from its metadata.
-pub(crate) fn gguf_config(path: &Path) -> Result<model_config::ModelConfig, String> {
-    gguf::Gguf::open(path)
+pub(crate) fn gguf_config(path: &Path) -> Result<retrace_model::ModelConfig, String> {
+    retrace_model::Gguf::open(path)
         .and_then(|g| g.config())
         .map_err(|e| e.to_string())
 }
@@ -221,7 +238,7 @@ async fn encode(
 
 /// `resolve_model`, or the message that says where `model` was looked for, ending in `hint`.
 fn find_model(model: &str, hint: &str) -> Result<PathBuf, String> {
-    resolve_model(model).ok_or_else(|| {
+    resolve_model(model, Env::process().hf_hub_cache().as_deref()).ok_or_else(|| {
         format!(
             "model {model} does not exist as a folder or .gguf file and is not a model id in the \
              Hugging Face cache ({hint})"
@@ -230,17 +247,17 @@ fn find_model(model: &str, hint: &str) -> Result<PathBuf, String> {
 }
 
 /// A local folder or `.gguf` file, or else a hub id (`org/name`) already in the standard Hugging Face cache
-/// (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`): never a download.
-pub fn resolve_model(model: &str) -> Option<PathBuf> {
+/// (`hub`: see `Env::hf_hub_cache`): never a download.
+pub fn resolve_model(model: &str, hub: Option<&Path>) -> Option<PathBuf> {
     let path = PathBuf::from(model);
-    if path.is_dir() || (path.is_file() && model::is_gguf(&path)) {
+    if path.is_dir() || (path.is_file() && retrace_model::is_gguf(&path)) {
         return Some(path);
     }
     let (org, name) = model.split_once('/')?;
     if org.is_empty() || name.is_empty() || name.contains('/') {
         return None;
     }
-    let hub = env::hf_hub_cache()?;
+    let hub = hub?;
     let repo = hub.join(format!("models--{org}--{name}"));
     let revision = std::fs::read_to_string(repo.join("refs/main")).ok()?;
     let snapshot = repo.join("snapshots").join(revision.trim());
@@ -284,7 +301,7 @@ impl Evaluator for PrmEvaluator {
                 .find(|&&id| id as usize >= self.vocab_size)
             {
                 return Err(EngineError::invalid(
-                    "trace",
+                    FieldPath::root(),
                     format!(
                         "token id {id} is outside the model's vocabulary of {}: its tokenizer and checkpoint disagree",
                         self.vocab_size
@@ -307,46 +324,5 @@ impl Evaluator for PrmEvaluator {
             judgement.tokens = Some((scored.tokens.computed, scored.tokens.reused));
             Ok(judgement)
         })
-    }
-}
-
-/// The in-process model scoring given ids at given positions, for the tests' fake vLLM server,
-/// which must answer with a real model's scores; not an API.
-#[doc(hidden)]
-pub struct ReferenceScorer {
-    model: PrmModel,
-    head: model::HeadSpec,
-}
-
-impl ReferenceScorer {
-    pub fn load(family: Family, folder: &Path) -> Result<ReferenceScorer, String> {
-        let formatter = Formatter::load(family, folder)?;
-        let model = PrmModel::load(
-            folder,
-            formatter.head_spec(),
-            &candle_core::Device::Cpu,
-            DType::F32,
-        )
-        .map_err(|e| e.to_string())?;
-        Ok(ReferenceScorer {
-            model,
-            head: formatter.head_spec(),
-        })
-    }
-
-    /// The (plus, minus) token ids a causal-LM family reads.
-    pub fn pair(&self) -> Option<(u32, u32)> {
-        match self.head {
-            model::HeadSpec::LmPair { plus, minus } => Some((plus, minus)),
-            _ => None,
-        }
-    }
-
-    pub fn score(&self, ids: &[u32], positions: &[usize]) -> Result<Vec<f32>, String> {
-        let mut rows = self
-            .model
-            .score(&[ids], &[positions])
-            .map_err(|e| e.to_string())?;
-        Ok(rows.pop().unwrap_or_default())
     }
 }

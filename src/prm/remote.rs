@@ -9,16 +9,15 @@
 //!   `prompt_logprobs`, the log-softmax at every position, read at each step's position. vLLM's
 //!   pooler for these models indexes hidden states, not logits, so it can't give these scores.
 
+use super::config::{PrmConfig, VllmConfig};
 use super::format::{Encoded, Family, Formatter};
-use super::model::HeadSpec;
-use super::model_config::ModelConfig;
-use super::{PrmError, encode, find_model, gguf_config, model};
-use crate::config::{EvaluatorConfig, PrmConfig, defaults};
+use super::{PrmError, encode, find_model, gguf_config};
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics;
 use crate::trace::Judgement;
 use crate::upstream::{self, AttemptError, CallError, CallPolicy, Caller, Endpoint, Raw, snippet};
 use futures::future::BoxFuture;
+use retrace_model::{HeadSpec, ModelConfig};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
@@ -48,8 +47,13 @@ pub struct RemotePrm {
 
 impl RemotePrm {
     /// Builds the evaluator; nothing is sent to vLLM until the first request.
-    pub fn load(common: &EvaluatorConfig, cfg: &PrmConfig) -> Result<RemotePrm, PrmError> {
-        let fail = PrmError::load(&common.name);
+    pub fn load(
+        name: &str,
+        max_concurrency: usize,
+        cfg: &PrmConfig,
+        vllm: &VllmConfig,
+    ) -> Result<RemotePrm, PrmError> {
+        let fail = PrmError::load(name);
         let folder = find_model(
             &cfg.model,
             "with backend = \"vllm\" it holds the tokenizer retrace formats with",
@@ -69,40 +73,31 @@ impl RemotePrm {
                     HeadSpec::LmPair { plus, minus } => Route::Logprobs {
                         plus,
                         minus,
-                        top: cfg.top_logprobs.unwrap_or(defaults::TOP_LOGPROBS),
+                        top: vllm.top_logprobs,
                     },
                     other => return Err(fail(format!("family head {other:?} is not an LM pair"))),
                 }
             }
         };
-        let api_key = upstream::api_key(cfg.api_key_env.as_deref()).map_err(fail)?;
-        let base = cfg.base_url.as_deref().unwrap_or_default();
+        let keys = &vllm.endpoint;
+        let api_key = upstream::api_key(keys.api_key_env.as_deref()).map_err(fail)?;
+        let base = keys.base_url.as_str();
         let base = base.trim_end_matches('/').trim_end_matches("/v1");
         let url = match route {
             Route::Pooling => format!("{base}/pooling"),
             Route::Logprobs { .. } => format!("{base}/v1/completions"),
         };
         let endpoint = Endpoint::new(url, api_key).map_err(fail)?;
-        let policy = CallPolicy {
-            max_concurrency: common.max_concurrency,
-            requests_per_minute: cfg.requests_per_minute,
-            retries: cfg.retries.unwrap_or(defaults::RETRIES),
-            timeout: Duration::from_secs_f64(cfg.timeout_s.unwrap_or(defaults::TIMEOUT_S)),
-            breaker_failures: cfg.breaker_failures.unwrap_or(defaults::BREAKER_FAILURES),
-            breaker_cooldown: Duration::from_secs_f64(
-                cfg.breaker_cooldown_s
-                    .unwrap_or(defaults::BREAKER_COOLDOWN_S),
-            ),
-        };
+        let policy = keys.policy(max_concurrency);
         Ok(RemotePrm {
-            name: common.name.clone(),
+            name: name.to_string(),
             family: cfg.family,
             max_tokens: max_positions(&folder),
             folder,
             formatter: Arc::new(formatter),
-            served_model: cfg.served_model.clone(),
+            served_model: vllm.served_model.clone(),
             route,
-            caller: Caller::new(&common.name, &metrics::PRM_UPSTREAM, endpoint, policy),
+            caller: Caller::new(name, &metrics::PRM_UPSTREAM, endpoint, policy),
         })
     }
 
@@ -122,7 +117,7 @@ impl RemotePrm {
 /// The decoder's context length, read as the in-process backend reads it (config.json, or a
 /// GGUF's metadata); `None` when the files don't say.
 fn max_positions(model_path: &Path) -> Option<usize> {
-    let config = if model::is_gguf(model_path) {
+    let config = if retrace_model::is_gguf(model_path) {
         gguf_config(model_path).ok()?
     } else {
         let text = std::fs::read_to_string(model_path.join("config.json")).ok()?;

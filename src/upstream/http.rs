@@ -1,7 +1,7 @@
 //! One JSON exchange with an HTTP upstream: the POST, the body read under a size cap and the
 //! caller's stop time, and every failure classified (`AttemptError`) for retries and metrics.
 
-use crate::config::Secret;
+use crate::env::Secret;
 use serde_json::Value;
 use std::time::{Duration, SystemTime};
 use tokio::time::{Instant, timeout_at};

@@ -2,19 +2,22 @@
 //! exchange with its capped body, the retry and breaker policy, and the limited, metered call.
 
 mod call;
+mod config;
 mod http;
 pub mod policy;
 
 pub use call::{CallError, CallPolicy, Caller};
+pub use config::{UpstreamConfig, defaults};
 pub use http::{AttemptError, Endpoint, MAX_REPLY_BYTES, Raw, error_reason, http_client, snippet};
 
-use crate::config::{Secret, env};
+use crate::env::{Env, Secret};
 
 /// The API key in the environment variable `var` names, when it names one; an error when that
 /// variable is not set, so a missing key stops startup rather than failing every request.
 pub fn api_key(var: Option<&str>) -> Result<Option<Secret>, String> {
     match var {
-        Some(var) => env::secret(var)
+        Some(var) => Env::process()
+            .secret(var)
             .map(|key| Some(Secret(key)))
             .ok_or_else(|| format!("api_key_env names {var}, which is not set")),
         None => Ok(None),

@@ -10,6 +10,7 @@ use super::status::{self, capped};
 use super::{BearerAuth, Recorder, label, pb};
 use crate::config::RewardConfig;
 use crate::engine::{Engine, EngineError};
+use crate::field::FieldPath;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Query, State};
@@ -80,7 +81,7 @@ impl From<EngineError> for Failure {
     fn from(e: EngineError) -> Self {
         let status = status::to_status(&e);
         let field = match e {
-            EngineError::Invalid { field, .. } => Some(field),
+            EngineError::Invalid { field, .. } => Some(field.to_string()),
             _ => None,
         };
         Failure {
@@ -92,7 +93,7 @@ impl From<EngineError> for Failure {
 }
 
 impl Failure {
-    fn invalid(field: &str, message: impl Into<String>) -> Self {
+    fn invalid(field: impl Into<FieldPath>, message: impl Into<String>) -> Self {
         EngineError::invalid(field, message).into()
     }
 }
@@ -313,7 +314,7 @@ fn params<'a>(
 ) -> Result<impl Fn(&str) -> Option<&'a str>, Failure> {
     if let Some(unknown) = query.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(Failure::invalid(
-            &format!("?{}", unknown.chars().take(64).collect::<String>()),
+            FieldPath::key(format!("?{}", unknown.chars().take(64).collect::<String>())),
             format!(
                 "is not a parameter of this route; it takes {}",
                 known.join(", ")

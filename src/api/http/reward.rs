@@ -4,9 +4,11 @@
 //! markers, is segmented into steps, and the question is read from the prompt.
 
 use super::{Failure, Http, QueryParams, answer, chat, params, refuse};
+use crate::api::convert::TraceParts;
 use crate::api::{convert, label};
 use crate::config::{LabelsAs, RewardConfig, RewardRule};
-use crate::engine::{Engine, EngineError, Request};
+use crate::engine::{Engine, EngineError, Origin, Request};
+use crate::field::FieldPath;
 use crate::trace::{Trace, Verdict};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -120,7 +122,7 @@ pub(super) fn parse_samples(body: &[u8]) -> Result<Samples, Failure> {
 
 /// A list of strings; with `lenient`, null stays empty and numbers or booleans become text
 /// (labels are whatever the dataset held).
-fn strings(items: Vec<Value>, field: &str, lenient: bool) -> Result<Vec<String>, Failure> {
+fn strings(items: Vec<Value>, field: &'static str, lenient: bool) -> Result<Vec<String>, Failure> {
     items
         .into_iter()
         .enumerate()
@@ -130,7 +132,7 @@ fn strings(items: Vec<Value>, field: &str, lenient: bool) -> Result<Vec<String>,
             Value::Number(n) if lenient => Ok(n.to_string()),
             Value::Bool(b) if lenient => Ok(b.to_string()),
             _ => Err(Failure::invalid(
-                &format!("{field}[{i}]"),
+                FieldPath::key(field).at(i),
                 "must be a string",
             )),
         })
@@ -140,7 +142,7 @@ fn strings(items: Vec<Value>, field: &str, lenient: bool) -> Result<Vec<String>,
 /// `prompts` or `labels`: absent or null gives `None` for every sample.
 fn optional_list(
     value: Option<Value>,
-    field: &str,
+    field: &'static str,
     n: usize,
     lenient: bool,
 ) -> Result<Vec<Option<String>>, Failure> {
@@ -160,19 +162,27 @@ fn optional_list(
 }
 
 /// One sample as a trace, or `None` when its response holds no step (scored `empty_reward`).
+/// `query`, or item `i` of it when the body held a list: where sample `i` sits.
+fn sample_at(list: &str, i: usize, single: bool) -> FieldPath {
+    let field = FieldPath::key(list.to_string());
+    if single { field } else { field.at(i) }
+}
+
 fn trace_of(
     sample: RawSample,
-    at: &str,
+    i: usize,
+    single: bool,
     reward: &RewardConfig,
 ) -> Result<Option<Trace>, EngineError> {
+    let query = sample_at("query", i, single);
     let parts = chat::split(&sample.query, sample.prompt.as_deref(), reward.question)
-        .map_err(|m| EngineError::invalid(format!("query{at}"), m))?;
+        .map_err(|m| EngineError::invalid(query.clone(), m))?;
     if parts.response.trim().is_empty() {
         return Ok(None);
     }
     if parts.question.is_empty() {
         return Err(EngineError::invalid(
-            format!("prompts{at}"),
+            sample_at("prompts", i, single),
             "holds no question (its last user turn, or the prompt itself, is empty)",
         ));
     }
@@ -180,15 +190,13 @@ fn trace_of(
         LabelsAs::Reference => sample.label.unwrap_or_default(),
         LabelsAs::Ignore => String::new(),
     };
-    convert::parse_with_question(
-        parts.question.to_string(),
-        Vec::new(),
-        reference,
-        Vec::new(),
-        parts.response.to_string(),
-        &format!("query{at}"),
-    )
-    .map(Some)
+    let parts = TraceParts {
+        question: parts.question.to_string(),
+        reference_answer: reference,
+        text: parts.response.to_string(),
+        ..TraceParts::default()
+    };
+    parts.parse(&query).map(Some)
 }
 
 /// Scores every sample: those with steps go to the engine together (one admission, batched by
@@ -201,27 +209,23 @@ async fn score(
     arrived: Instant,
 ) -> Result<Vec<Scored>, EngineError> {
     let single = samples.single;
-    let at = |i: usize| {
-        if single {
-            String::new()
-        } else {
-            format!("[{i}]")
-        }
-    };
     let mut traces = Vec::with_capacity(samples.samples.len());
     for (i, s) in samples.samples.into_iter().enumerate() {
-        traces.push(trace_of(s, &at(i), reward)?.map(Arc::new));
+        traces.push(trace_of(s, i, single, reward)?.map(Arc::new));
     }
     let evaluator = reward.evaluator.clone().unwrap_or_default();
+    // Each sample keeps its own index: the empty ones are skipped, not renumbered around.
     let requests: Vec<Request> = traces
         .iter()
-        .flatten()
-        .map(|t| Request {
+        .enumerate()
+        .filter_map(|(i, t)| Some((i, t.as_ref()?)))
+        .map(|(i, t)| Request {
             evaluator: evaluator.clone(),
             trace: t.clone(),
             threshold: None,
             deadline,
             arrived,
+            origin: Origin::text(sample_at("query", i, single)),
         })
         .collect();
     let mut verdicts = match requests.len() {
@@ -231,7 +235,11 @@ async fn score(
                 .evaluate(requests.into_iter().next().expect("one"))
                 .await?,
         ],
-        _ => engine.evaluate_all(requests, "query").await?,
+        _ => {
+            engine
+                .evaluate_all(requests, &FieldPath::key("query"))
+                .await?
+        }
     }
     .into_iter();
     let empty = Scored {

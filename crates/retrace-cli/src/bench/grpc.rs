@@ -1,0 +1,41 @@
+//! The retrace contender: traces sent over the real gRPC path (unary `Evaluate`, one per trace),
+//! `concurrency` of them in flight, each one's latency and step scores kept.
+
+use super::{Run, Workload};
+use anyhow::Context;
+use retrace::api::pb;
+use std::sync::Arc;
+use tonic::transport::Channel;
+
+/// Scores every trace of `work` through `client` with `concurrency` requests in flight.
+pub async fn run(
+    client: &pb::evaluator_client::EvaluatorClient<Channel>,
+    evaluator: &str,
+    work: &Arc<Workload>,
+    concurrency: usize,
+) -> anyhow::Result<Run> {
+    let (client, evaluator, traces) = (client.clone(), evaluator.to_string(), work.clone());
+    super::drive(work, concurrency, move |i| {
+        let (mut client, evaluator, traces) = (client.clone(), evaluator.clone(), traces.clone());
+        async move {
+            let t = &traces.traces[i];
+            let request = pb::EvaluateRequest {
+                id: i.to_string(),
+                evaluator,
+                trace: Some(pb::Trace {
+                    question: t.question.clone(),
+                    steps: t.steps.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let reply = client
+                .evaluate(request)
+                .await
+                .with_context(|| format!("retrace: trace {i}"))?
+                .into_inner();
+            Ok((reply.steps.iter().map(|s| s.score).collect(), 0))
+        }
+    })
+    .await
+}

@@ -1,0 +1,404 @@
+//! The `eval` and `calibrate` commands: their options (clap) and their flow: connect, score
+//! (resumably), analyse the predictions file, write the report, print the headline.
+
+use super::analysis::{Analysis, Analyzer};
+use super::backend::Backend;
+use super::calibrate::{ScoredTrace, rethreshold, sweep};
+use super::predictions::{Row, read_rows};
+use super::report::{Calibration, Report, render_html, render_markdown};
+use super::run::{RunSpec, RunStats, score};
+use super::{EvalError, ensure_dir, shown};
+use retrace::config::Config;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where traces are judged, and how the input is read.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConnectOptions {
+    /// A running retrace server's gRPC address (host:port or http(s)://host:port).
+    #[arg(long, conflicts_with = "config", required_unless_present = "config")]
+    pub server: Option<String>,
+    /// Load the evaluators of this config in-process instead of using a server.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Config overrides for --config (`evaluator.NAME.KEY=VALUE`), repeatable.
+    #[arg(long = "set", requires = "config")]
+    pub set: Vec<String>,
+    /// Traces in flight at once.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// At most this many rows from each input file (a sample).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Skip and count bad input rows instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad: bool,
+    /// Environment variable holding a bearer token for the server.
+    #[arg(long)]
+    pub token_env: Option<String>,
+    /// PEM CA certificate to trust for an https:// server.
+    #[arg(long)]
+    pub ca_cert: Option<PathBuf>,
+    /// Seconds to wait for the server to report SERVING.
+    #[arg(long, default_value_t = 120.0)]
+    pub wait_s: f64,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// `retrace eval`: judge labelled traces, score them with ProcessBench's metric, write a report.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EvalOptions {
+    /// Labelled data: ProcessBench JSON arrays or JSONL (ProcessBench or ReTraceQA fields).
+    #[arg(long, num_args = 1.., required = true)]
+    pub data: Vec<PathBuf>,
+    /// Evaluator to use [default: the server's default].
+    #[arg(long)]
+    pub evaluator: Option<String>,
+    /// Overrides the evaluator's threshold, in [0, 1].
+    #[arg(long)]
+    pub threshold: Option<f32>,
+    /// Output folder: predictions.jsonl (resumed when present), report.md, report.html,
+    /// summary.json.
+    #[arg(long, default_value = "retrace-eval")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub connect: ConnectOptions,
+}
+
+/// `retrace calibrate`: choose each evaluator's F1-maximising threshold on one set, test on another.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CalibrateOptions {
+    /// Data the threshold is chosen on.
+    #[arg(long, num_args = 1.., required = true)]
+    pub calibrate_on: Vec<PathBuf>,
+    /// Held-out data the chosen threshold is measured on; must not share traces with
+    /// --calibrate-on.
+    #[arg(long, num_args = 1..)]
+    pub test_on: Vec<PathBuf>,
+    /// Evaluator(s) to calibrate, repeatable [default: the server's default].
+    #[arg(long)]
+    pub evaluator: Vec<String>,
+    /// Also report each split's own best threshold.
+    #[arg(long)]
+    pub per_split: bool,
+    /// Output folder: one subfolder per evaluator with the cached scores
+    /// (calibration.jsonl, test.jsonl; reused on rerun) and the report.
+    #[arg(long, default_value = "retrace-calibrate")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub connect: ConnectOptions,
+}
+
+/// What `eval` produced.
+#[derive(Debug)]
+pub struct EvalOutcome {
+    pub stats: RunStats,
+    pub analysis: Analysis,
+    pub predictions: PathBuf,
+}
+
+/// What `calibrate` chose for one evaluator.
+#[derive(Debug)]
+pub struct Calibrated {
+    pub evaluator: String,
+    pub threshold: f32,
+    pub calibration_f1: f64,
+    pub test_f1: Option<(Option<f64>, Option<f64>)>,
+}
+
+async fn backend(c: &ConnectOptions) -> Result<Backend, EvalError> {
+    if c.concurrency == 0 {
+        return Err(EvalError::Usage("--concurrency must be at least 1".into()));
+    }
+    match (&c.server, &c.config) {
+        (Some(addr), None) => {
+            let token = match &c.token_env {
+                Some(var) => Some(retrace::env::Env::process().secret(var).ok_or_else(|| {
+                    EvalError::Usage(format!("--token-env names {var}, which is not set"))
+                })?),
+                None => None,
+            };
+            let wait = Duration::try_from_secs_f64(c.wait_s)
+                .map_err(|_| EvalError::Usage("--wait-s must be a non-negative number".into()))?;
+            Backend::connect(addr, token, c.ca_cert.as_deref(), wait).await
+        }
+        (None, Some(path)) => Backend::local(&Config::load(path, &c.set)?).await,
+        _ => Err(EvalError::Usage(
+            "give exactly one of --server and --config".into(),
+        )),
+    }
+}
+
+fn spec(c: &ConnectOptions, files: &[PathBuf], evaluator: &str, threshold: Option<f32>) -> RunSpec {
+    RunSpec {
+        files: files.to_vec(),
+        evaluator: evaluator.to_string(),
+        threshold,
+        concurrency: c.concurrency,
+        limit: c.limit,
+        skip_bad: c.skip_bad,
+        progress: !c.no_progress,
+    }
+}
+
+/// Reads a predictions file whole (calibration needs every score at once).
+fn load_rows(path: &Path) -> Result<Vec<Row>, EvalError> {
+    let mut rows = Vec::new();
+    read_rows(path, |r| rows.push(r))?;
+    Ok(rows)
+}
+
+fn stats_notes(what: &str, s: &RunStats, file: &Path) -> Vec<String> {
+    let mut notes = vec![format!(
+        "{what}: {} traces judged in this run ({} failed), {} already in `{}`, {} bad rows skipped",
+        s.judged,
+        s.failed,
+        s.already_done,
+        shown(file),
+        s.bad_rows
+    )];
+    notes.extend(s.bad.iter().map(|b| format!("skipped: {b}")));
+    notes
+}
+
+fn write_report(
+    dir: &Path,
+    report: &Report,
+    summary: &impl serde::Serialize,
+) -> Result<(), EvalError> {
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text)
+            .map_err(|e| EvalError::io(format!("writing {}", shown(&path)), e))
+    };
+    write("report.md", render_markdown(report))?;
+    write("report.html", render_html(report))?;
+    let json = serde_json::to_string_pretty(summary)
+        .map_err(|e| EvalError::io("encoding summary.json", e.into()))?;
+    write("summary.json", json + "\n")
+}
+
+fn check_threshold(t: Option<f32>) -> Result<(), EvalError> {
+    match t {
+        Some(v) if !(0.0..=1.0).contains(&v) => Err(EvalError::Usage(format!(
+            "--threshold must lie in [0, 1], got {v}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Runs `retrace eval`.
+pub async fn eval(opts: EvalOptions) -> Result<EvalOutcome, EvalError> {
+    check_threshold(opts.threshold)?;
+    let backend = backend(&opts.connect).await?;
+    let dir = ensure_dir(&opts.out)?;
+    let predictions = dir.join("predictions.jsonl");
+    let evaluator = opts.evaluator.clone().unwrap_or_default();
+    let spec = spec(&opts.connect, &opts.data, &evaluator, opts.threshold);
+    let stats = score(&backend, &spec, &predictions).await?;
+    let mut analyzer = Analyzer::default();
+    read_rows(&predictions, |r| analyzer.add(&r))?;
+    let analysis = analyzer.finish();
+    let mut notes = vec![format!(
+        "evaluator: `{}`",
+        backend.resolve(&evaluator).await?
+    )];
+    notes.push(format!(
+        "data: {}",
+        opts.data
+            .iter()
+            .map(|p| shown(p))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    notes.extend(stats_notes("run", &stats, &predictions));
+    notes.push(format!(
+        "the report covers every row of `{}` ({} rows)",
+        shown(&predictions),
+        analysis.rows
+    ));
+    let report = Report {
+        title: "retrace eval".into(),
+        notes,
+        analysis,
+        calibration: None,
+    };
+    write_report(&dir, &report, &report.analysis)?;
+    print!("{}", headline(&report.analysis));
+    for b in &stats.bad {
+        eprintln!("skipped a bad row: {b}");
+    }
+    if stats.failed > 0 {
+        eprintln!(
+            "{} requests failed; they count as wrong predictions",
+            stats.failed
+        );
+    }
+    println!(
+        "wrote {}, report.md, report.html and summary.json",
+        shown(&predictions)
+    );
+    Ok(EvalOutcome {
+        stats,
+        analysis: report.analysis,
+        predictions,
+    })
+}
+
+/// The ProcessBench table as plain text.
+fn headline(a: &Analysis) -> String {
+    let mut out = format!(
+        "{:<16} {:>7} {:>10} {:>12} {:>7}\n",
+        "split", "traces", "error acc", "correct acc", "F1"
+    );
+    let p = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{v:.1}"));
+    for s in &a.summary.splits {
+        out.push_str(&format!(
+            "{:<16} {:>7} {:>10} {:>12} {:>7}\n",
+            s.split,
+            s.counts.total(),
+            p(s.error_acc),
+            p(s.correct_acc),
+            p(s.f1)
+        ));
+    }
+    let av = &a.summary.average;
+    out.push_str(&format!(
+        "{:<16} {:>7} {:>10} {:>12} {:>7}\n",
+        "average",
+        a.rows,
+        p(av.error_acc),
+        p(av.correct_acc),
+        p(av.f1)
+    ));
+    out
+}
+
+/// Runs `retrace calibrate`.
+pub async fn calibrate(opts: CalibrateOptions) -> Result<Vec<Calibrated>, EvalError> {
+    let canon = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+    let cal_files: HashSet<PathBuf> = opts.calibrate_on.iter().map(canon).collect();
+    if let Some(both) = opts.test_on.iter().find(|p| cal_files.contains(&canon(p))) {
+        return Err(EvalError::Usage(format!(
+            "{} is given to both --calibrate-on and --test-on: keep calibration and test data apart",
+            shown(both)
+        )));
+    }
+    let backend = backend(&opts.connect).await?;
+    let names = if opts.evaluator.is_empty() {
+        vec![String::new()]
+    } else {
+        opts.evaluator.clone()
+    };
+    let mut chosen = Vec::new();
+    for requested in names {
+        let name = backend.resolve(&requested).await?;
+        let dir = ensure_dir(&opts.out.join(&name))?;
+        let cal_path = dir.join("calibration.jsonl");
+        let cal_stats = score(
+            &backend,
+            &spec(&opts.connect, &opts.calibrate_on, &name, None),
+            &cal_path,
+        )
+        .await?;
+        let cal_rows = load_rows(&cal_path)?;
+        let mut notes = vec![format!("evaluator: `{name}`")];
+        notes.extend(stats_notes("calibration", &cal_stats, &cal_path));
+        let test_rows = if opts.test_on.is_empty() {
+            None
+        } else {
+            let test_path = dir.join("test.jsonl");
+            let s = score(
+                &backend,
+                &spec(&opts.connect, &opts.test_on, &name, None),
+                &test_path,
+            )
+            .await?;
+            notes.extend(stats_notes("test", &s, &test_path));
+            Some(load_rows(&test_path)?)
+        };
+        if let Some(test) = &test_rows {
+            let keys: HashSet<_> = cal_rows.iter().map(Row::key).collect();
+            if let Some(r) = test.iter().find(|r| keys.contains(&r.key())) {
+                return Err(EvalError::Usage(format!(
+                    "trace {:?} of split {:?} is in both the calibration and the test data: keep them apart",
+                    r.id, r.split
+                )));
+            }
+        }
+        let traces: Vec<ScoredTrace> = cal_rows.iter().map(ScoredTrace::of).collect();
+        if traces.iter().all(|t| t.scores.is_none()) {
+            return Err(EvalError::Usage(format!(
+                "no calibration trace was judged for evaluator {name:?}: nothing to calibrate on"
+            )));
+        }
+        let curve = sweep(&traces);
+        let choice = curve.best();
+        let t = choice.threshold;
+        let per_split = if opts.per_split {
+            curve.best_per_split()
+        } else {
+            Vec::new()
+        };
+        let (analysis, test) = match &test_rows {
+            Some(rows) => {
+                let served = Analysis::of(rows).summary;
+                let tuned: Vec<Row> = rows.iter().map(|r| rethreshold(r, t)).collect();
+                let analysis = Analysis::of(&tuned);
+                let tuned_summary = analysis.summary.clone();
+                (analysis, Some((served, tuned_summary)))
+            }
+            None => {
+                let tuned: Vec<Row> = cal_rows.iter().map(|r| rethreshold(r, t)).collect();
+                (Analysis::of(&tuned), None)
+            }
+        };
+        notes.push(format!(
+            "the tables below are the {} data re-decided at threshold {t} from the cached scores",
+            if test.is_some() {
+                "test"
+            } else {
+                "calibration"
+            }
+        ));
+        let result = Calibrated {
+            evaluator: name.clone(),
+            threshold: t,
+            calibration_f1: choice.f1,
+            test_f1: test.as_ref().map(|(a, b)| (a.average.f1, b.average.f1)),
+        };
+        let report = Report {
+            title: format!("retrace calibrate: {name}"),
+            notes,
+            analysis,
+            calibration: Some(Calibration {
+                evaluator: name.clone(),
+                curve,
+                choice: choice.clone(),
+                per_split,
+                test,
+            }),
+        };
+        write_report(&dir, &report, &choice)?;
+        let p = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{v:.2}"));
+        let test_note = match result.test_f1 {
+            Some((served, tuned)) => format!(
+                "; test mean F1 {} at this threshold ({} as served)",
+                p(tuned),
+                p(served)
+            ),
+            None => "; no --test-on data, so no held-out figure".into(),
+        };
+        println!(
+            "# evaluator {name:?}: calibration mean F1 {:.2}{test_note}; report in {}",
+            choice.f1,
+            shown(&dir)
+        );
+        println!("threshold = {t}");
+        chosen.push(result);
+    }
+    Ok(chosen)
+}

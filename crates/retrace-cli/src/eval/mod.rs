@@ -1,0 +1,84 @@
+//! Offline benchmark: `retrace eval` and `retrace calibrate`: datasets, the ProcessBench metric,
+//! threshold calibration, and the Markdown / HTML report.
+//!
+//! - `dataset`: ProcessBench JSON arrays and JSONL (ProcessBench or ReTraceQA shape) -> `Record`s.
+//! - `predictions`: the predictions JSONL (one `Row` per trace): the resumable output and the
+//!   score cache calibration re-thresholds.
+//! - `metric`: ProcessBench's run_eval.py per split, plus the average over splits.
+//! - `analysis`: categories, the first-error index confusion, the answer-level (ReTraceQA) view.
+//! - `backend`: a server over gRPC, or an engine in this process.
+//! - `run`: drives records through a backend, resumably, a bounded window in flight.
+//! - `calibrate`: the exact F1-maximising threshold sweep.
+//! - `report` / `plots`: Markdown, and HTML with inline SVG plots.
+//! - `cli`: the two commands' options and their top-level flow.
+
+mod analysis;
+mod backend;
+mod calibrate;
+mod cli;
+mod dataset;
+mod metric;
+mod plots;
+mod predictions;
+mod report;
+mod run;
+
+pub use analysis::{Analysis, Analyzer, AnswerLevel, CategoryStats, GeneratorStats};
+pub use backend::Backend;
+pub use calibrate::{Choice, Curve, ScoredTrace, first_below, rethreshold, sweep};
+pub use cli::{
+    CalibrateOptions, Calibrated, ConnectOptions, EvalOptions, EvalOutcome, calibrate, eval,
+};
+pub use dataset::{DataError, Record, Records, count_records, read_records, records_from_bytes};
+pub use metric::{Averages, Counts, SplitScore, Summary, f1};
+pub use predictions::{Outcome, Row, read_rows};
+pub use report::{Calibration, Report, render_html, render_markdown};
+pub use run::{RunSpec, RunStats, score};
+
+use std::path::PathBuf;
+
+/// Every way `eval` and `calibrate` fail.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// A row of an input or predictions file is bad: names the file and line.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Config(#[from] retrace::config::ConfigError),
+    #[error("connecting to {addr}: {message}")]
+    Connect { addr: String, message: String },
+    /// The stream to the server broke off; what was written so far is kept (rerun to resume).
+    #[error("the evaluation stream failed: {0}; predictions so far are kept, rerun to resume")]
+    Stream(String),
+    #[error("loading evaluators: {0}")]
+    Load(retrace::engine::EngineError),
+    /// A flag combination or a file's contents make the request impossible.
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl EvalError {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        EvalError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// `path` as shown in messages.
+pub(crate) fn shown(path: &std::path::Path) -> String {
+    path.display().to_string()
+}
+
+/// Creates `dir` (and parents) for output files.
+pub(crate) fn ensure_dir(dir: &std::path::Path) -> Result<PathBuf, EvalError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| EvalError::io(format!("creating {}", shown(dir)), e))?;
+    Ok(dir.to_path_buf())
+}

@@ -1,0 +1,336 @@
+//! The predictions JSONL: one `Row` per judged trace. It is `eval`'s output, what makes a run
+//! resumable (rows already there are skipped), and the score cache `calibrate` re-thresholds.
+
+use super::dataset::{DataError, Record};
+use super::{EvalError, shown};
+use retrace::trace::ErrorCategory;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+
+/// One judged trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub id: String,
+    pub split: String,
+    /// Gold first wrong step; -1 when every step holds.
+    pub label: i32,
+    /// The evaluator's first wrong step; -1 for none; null when the request failed.
+    pub prediction: Option<i32>,
+    /// The evaluator's category; null when the request failed.
+    pub category: Option<ErrorCategory>,
+    /// Gold category, when the data carries one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gold_category: Option<ErrorCategory>,
+    /// One score per step: P(step correct).
+    #[serde(default)]
+    pub step_scores: Vec<f32>,
+    /// prediction == label (ProcessBench's `match`).
+    #[serde(rename = "match")]
+    pub matched: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_answer_correct: Option<bool>,
+    /// The evaluator that answered (empty when the request failed before one was chosen).
+    #[serde(default)]
+    pub evaluator: String,
+    /// The threshold that decided `prediction`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<f32>,
+    /// Why the request failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What the evaluator said about a record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Judged {
+        evaluator: String,
+        first_error: i32,
+        category: ErrorCategory,
+        step_scores: Vec<f32>,
+        threshold: f32,
+    },
+    Failed {
+        evaluator: String,
+        message: String,
+    },
+}
+
+impl Row {
+    pub fn new(record: &Record, outcome: Outcome) -> Row {
+        let mut row = Row {
+            id: record.id.clone(),
+            split: record.split.clone(),
+            label: record.label,
+            prediction: None,
+            category: None,
+            gold_category: record.category,
+            step_scores: Vec::new(),
+            matched: false,
+            generator: record.generator.clone(),
+            final_answer_correct: record.final_answer_correct,
+            evaluator: String::new(),
+            threshold: None,
+            error: None,
+        };
+        match outcome {
+            Outcome::Judged {
+                evaluator,
+                first_error,
+                category,
+                step_scores,
+                threshold,
+            } => {
+                row.prediction = Some(first_error);
+                row.category = Some(category);
+                row.step_scores = step_scores;
+                row.matched = first_error == record.label;
+                row.evaluator = evaluator;
+                row.threshold = Some(threshold);
+            }
+            Outcome::Failed { evaluator, message } => {
+                row.evaluator = evaluator;
+                row.error = Some(message);
+            }
+        }
+        row
+    }
+
+    /// The resume key: ids are unique within a split.
+    pub fn key(&self) -> (String, String) {
+        (self.split.clone(), self.id.clone())
+    }
+}
+
+/// Streams the rows of a predictions file to `f`; a bad line is an error naming file and line.
+///
+/// A trace judged again (a failed row retried on resume) appears more than once: only its last
+/// row is passed on. That takes a first pass over the keys, so memory stays one key per trace.
+pub fn read_rows(path: &Path, mut f: impl FnMut(Row)) -> Result<(), EvalError> {
+    let mut last: HashMap<(String, String), usize> = HashMap::new();
+    read_all_rows(path, |i, row| {
+        last.insert(row.key(), i);
+    })?;
+    read_all_rows(path, |i, row| {
+        if last.get(&row.key()) == Some(&i) {
+            f(row);
+        }
+    })
+}
+
+/// Every row with its line index, superseded ones included.
+fn read_all_rows(path: &Path, mut f: impl FnMut(usize, Row)) -> Result<(), EvalError> {
+    let file =
+        File::open(path).map_err(|e| EvalError::io(format!("opening {}", shown(path)), e))?;
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| EvalError::io(format!("reading {}", shown(path)), e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: Row = serde_json::from_str(&line).map_err(|e| DataError {
+            file: shown(path),
+            line: i + 1,
+            message: format!("not a predictions row: {e}"),
+            fatal: true,
+        })?;
+        f(i, row);
+    }
+    Ok(())
+}
+
+/// What a predictions file already holds, for resuming.
+#[derive(Debug, Default)]
+pub struct Existing {
+    pub keys: HashSet<(String, String)>,
+    pub evaluators: HashSet<String>,
+    /// Thresholds that decided the rows already there (a rerun must not mix in another).
+    pub thresholds: Vec<f32>,
+}
+
+/// Reads the keys already in `path` (absent: none). A last line cut short by a crash is removed,
+/// so that trace is judged again.
+pub fn prepare(path: &Path) -> Result<Existing, EvalError> {
+    let mut existing = Existing::default();
+    let text = match std::fs::read(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(existing),
+        Err(e) => return Err(EvalError::io(format!("reading {}", shown(path)), e)),
+    };
+    let complete = match text.iter().rposition(|&b| b == b'\n') {
+        Some(i) => i + 1,
+        None => 0,
+    };
+    if complete < text.len() {
+        let tail = String::from_utf8_lossy(&text[complete..]);
+        if serde_json::from_str::<Row>(&tail).is_err() {
+            tracing::warn!(file = %shown(path), "dropping an incomplete last line");
+            let f = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| EvalError::io(format!("opening {}", shown(path)), e))?;
+            f.set_len(complete as u64)
+                .map_err(|e| EvalError::io(format!("truncating {}", shown(path)), e))?;
+        } else {
+            // A complete row without its newline: keep it, and end the line before appending.
+            let mut f = OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map_err(|e| EvalError::io(format!("opening {}", shown(path)), e))?;
+            f.write_all(b"\n")
+                .map_err(|e| EvalError::io(format!("writing {}", shown(path)), e))?;
+        }
+    }
+    read_rows(path, |row| {
+        // A failed trace is judged again on resume; its new row supersedes this one.
+        if row.error.is_some() {
+            return;
+        }
+        existing.keys.insert(row.key());
+        if let Some(t) = row.threshold
+            && !existing.thresholds.contains(&t)
+        {
+            existing.thresholds.push(t);
+        }
+        if !row.evaluator.is_empty() {
+            existing.evaluators.insert(row.evaluator);
+        }
+    })?;
+    Ok(existing)
+}
+
+/// Appends rows, one line each, flushed as written so a crash loses at most the line in flight.
+pub struct Writer {
+    file: File,
+    path: String,
+}
+
+impl Writer {
+    pub fn append(path: &Path) -> Result<Writer, EvalError> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| EvalError::io(format!("opening {}", shown(path)), e))?;
+        Ok(Writer {
+            file,
+            path: shown(path),
+        })
+    }
+
+    pub fn write(&mut self, row: &Row) -> Result<(), EvalError> {
+        let mut line = serde_json::to_string(row)
+            .map_err(|e| EvalError::io(format!("encoding a row for {}", self.path), e.into()))?;
+        line.push('\n');
+        self.file
+            .write_all(line.as_bytes())
+            .map_err(|e| EvalError::io(format!("writing {}", self.path), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(label: i32) -> Record {
+        Record {
+            id: "a".into(),
+            split: "s".into(),
+            question: "q".into(),
+            options: vec![],
+            steps: vec!["x".into(), "y".into()],
+            text: None,
+            label,
+            category: None,
+            reference_answer: None,
+            final_answer_correct: Some(true),
+            generator: Some("g".into()),
+        }
+    }
+
+    #[test]
+    fn rows_round_trip_and_match() {
+        let row = Row::new(
+            &record(1),
+            Outcome::Judged {
+                evaluator: "e".into(),
+                first_error: 1,
+                category: ErrorCategory::Unspecified,
+                step_scores: vec![0.9, 0.123_456_79],
+                threshold: 0.5,
+            },
+        );
+        assert!(row.matched);
+        let line = serde_json::to_string(&row).unwrap();
+        assert!(line.contains("\"match\":true"), "{line}");
+        assert_eq!(serde_json::from_str::<Row>(&line).unwrap(), row);
+        let failed = Row::new(
+            &record(-1),
+            Outcome::Failed {
+                evaluator: "e".into(),
+                message: "boom".into(),
+            },
+        );
+        assert!(!failed.matched);
+        assert_eq!(failed.prediction, None);
+        assert!(
+            serde_json::to_string(&failed)
+                .unwrap()
+                .contains("\"prediction\":null")
+        );
+    }
+
+    #[test]
+    fn prepare_drops_a_cut_line_and_keeps_the_rest() {
+        let path = std::env::temp_dir().join(format!("retrace-pred-{}.jsonl", std::process::id()));
+        let row = Row::new(&record(-1), judged(-1));
+        let line = serde_json::to_string(&row).unwrap();
+        std::fs::write(&path, format!("{line}\n{}", &line[..10])).unwrap();
+        let existing = prepare(&path).unwrap();
+        assert_eq!(existing.keys.len(), 1);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{line}\n"));
+        std::fs::write(&path, &line).unwrap();
+        prepare(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{line}\n"));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    fn judged(first_error: i32) -> Outcome {
+        Outcome::Judged {
+            evaluator: "e".into(),
+            first_error,
+            category: ErrorCategory::Unspecified,
+            step_scores: vec![0.9, 0.9],
+            threshold: 0.5,
+        }
+    }
+
+    #[test]
+    fn a_failed_row_is_retried_and_its_retry_supersedes_it() {
+        let path = std::env::temp_dir().join(format!("retrace-retry-{}.jsonl", std::process::id()));
+        let failed = Row::new(
+            &record(1),
+            Outcome::Failed {
+                evaluator: "e".into(),
+                message: "unavailable".into(),
+            },
+        );
+        let line = |r: &Row| serde_json::to_string(r).unwrap();
+        std::fs::write(&path, format!("{}\n", line(&failed))).unwrap();
+        assert!(
+            prepare(&path).unwrap().keys.is_empty(),
+            "a failed trace is judged again"
+        );
+        let retried = Row::new(&record(1), judged(1));
+        std::fs::write(&path, format!("{}\n{}\n", line(&failed), line(&retried))).unwrap();
+        let mut rows = Vec::new();
+        read_rows(&path, |r| rows.push(r)).unwrap();
+        assert_eq!(rows, vec![retried]);
+        assert_eq!(prepare(&path).unwrap().keys.len(), 1);
+        std::fs::remove_file(&path).unwrap();
+    }
+}

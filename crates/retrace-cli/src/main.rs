@@ -1,0 +1,134 @@
+//! The `retrace` command line: parses flags and hands off to the library; nothing else.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use retrace::config::{Config, ServerFlags};
+use std::path::PathBuf;
+
+mod alloc;
+
+#[derive(Parser)]
+#[command(
+    name = "retrace",
+    version,
+    about = "Judges reasoning traces step by step over gRPC."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serves the gRPC API, and HTTP/JSON beside it (OpenRLHF's /get_reward, /v1/evaluate,
+    /// /v1/rank). With no --config, serves the embedded default: SmolLM2-135M-Instruct
+    /// as a zero-shot `chat-lm` PRM named `smollm2`, from the cache folder (fetch it with
+    /// scripts/fetch-smollm2.sh).
+    Serve(ServeArgs),
+    /// Loads and validates a config, then prints it resolved, secrets redacted.
+    CheckConfig(ServeArgs),
+    /// Runs labelled traces (ProcessBench, ReTraceQA-shaped JSONL) through an evaluator, on a
+    /// server or in-process; writes predictions JSONL, the ProcessBench metric and a report.
+    Eval(retrace_cli::eval::EvalOptions),
+    /// Scores traces once, sweeps the PRM threshold, and prints the F1-maximising config line.
+    Calibrate(retrace_cli::eval::CalibrateOptions),
+    /// Measures scoring speed here: retrace over gRPC (a `retrace serve` it starts, or --server)
+    /// next to llama-server following RLHFlow's one-request-per-step procedure on the same model
+    /// and traces, against the machine's measured f32 matmul peak; prints the side-by-side table
+    /// (medians over alternating rounds, ratios) and, with --scaling, writes the scaling plot.
+    Bench(retrace_cli::bench::BenchOptions),
+    /// Sends traces to a running server and prints each verdict: the score of every step as a
+    /// bar, the first error marked with its category (or --json).
+    Score(retrace_cli::score::ScoreOptions),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML config file.
+    #[arg(long, env = "RETRACE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    server: ServerFlags,
+    /// Sets any key: `server.KEY=VALUE` or `evaluator.NAME.KEY=VALUE` (VALUE in TOML syntax, or a
+    /// bare string). Repeatable; RETRACE_SET takes several separated by ';'. Flags win over it.
+    #[arg(long = "set", env = "RETRACE_SET", value_delimiter = ';')]
+    set: Vec<String>,
+    /// Log format.
+    #[arg(long, env = "RETRACE_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+impl ServeArgs {
+    fn load(&self) -> anyhow::Result<Config> {
+        Ok(match &self.config {
+            Some(path) => Config::load_with(path, &self.set, &self.server)?,
+            None => Config::embedded(&self.set, &self.server)?,
+        })
+    }
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RETRACE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    alloc::runtime()
+        .context("starting the tokio runtime")?
+        .block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Eval(opts) => retrace_cli::eval::eval(opts)
+            .await
+            .map(drop)
+            .map_err(Into::into),
+        Command::Calibrate(opts) => retrace_cli::eval::calibrate(opts)
+            .await
+            .map(drop)
+            .map_err(Into::into),
+        Command::Bench(opts) => retrace_cli::bench::bench(opts).await.map(drop),
+        Command::Score(opts) => retrace_cli::score::score(opts).await,
+        Command::CheckConfig(args) => {
+            let config = args.load()?;
+            print!("{}", config.redacted_toml());
+            Ok(())
+        }
+        Command::Serve(args) => {
+            init_logs(args.log_format);
+            let config = args.load()?;
+            tracing::info!(source = %config.source, config = %config.redacted_toml(), "configuration");
+            let bind = |addr| async move {
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding {addr}"))
+            };
+            let listeners = retrace::Listeners {
+                grpc: bind(config.server.grpc_addr).await?,
+                http: Some(bind(config.server.http_addr).await?),
+                metrics: Some(bind(config.server.metrics_addr).await?),
+            };
+            let s = &config.server;
+            tracing::info!(grpc = %s.grpc_addr, http = %s.http_addr, metrics = %s.metrics_addr, "listening");
+            alloc::spawn_idle_trim().context("starting the idle-trim thread")?;
+            retrace::run(config, listeners, retrace::shutdown_signal()).await?;
+            tracing::info!("stopped");
+            Ok(())
+        }
+    }
+}

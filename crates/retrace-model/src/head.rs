@@ -1,0 +1,133 @@
+//! The scoring heads that turn a PRM's final hidden states into P(step correct), in f32.
+
+use crate::config::ModelConfig;
+use crate::layers::Emb;
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_nn::{Linear, VarBuilder};
+
+/// Which head a checkpoint carries; the family in the server config decides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadSpec {
+    /// Qwen2.5-Math-PRM: `score.0` Linear(H,H) -> ReLU -> `score.2` Linear(H,2); softmax[1].
+    QwenScore,
+    /// Skywork-o1-Open-PRM: `v_head.summary` Linear(H,1); sigmoid.
+    ValueHead,
+    /// A causal LM read at two vocabulary ids: softmax over (logit[plus], logit[minus]), index 0.
+    LmPair { plus: u32, minus: u32 },
+}
+
+pub enum Head {
+    QwenScore {
+        l0: Linear,
+        l2: Linear,
+    },
+    Value {
+        summary: Linear,
+    },
+    /// The two LM-head rows as a Linear(H,2) without bias: the full-vocab projection is never built.
+    LmPair {
+        pair: Linear,
+    },
+}
+
+impl Head {
+    /// Loads the head's weights from the checkpoint root `vb`. `rows` (the same checkpoint) lets
+    /// the LM pair read two rows of the output matrix without materialising the whole of it;
+    /// `embed` is the decoder's input embedding, the matrix of a tied LM head.
+    pub fn load(
+        spec: HeadSpec,
+        cfg: &ModelConfig,
+        vb: VarBuilder,
+        rows: &dyn Fn(&str, &[usize]) -> Result<Tensor>,
+        embed: &Emb,
+    ) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let dev = vb.device().clone();
+        let dtype = vb.dtype();
+        // Weights are rounded to the model dtype first (what the checkpoint runs at), then held in
+        // f32 so the head's arithmetic is f32.
+        let f32_linear = |l: Linear| -> Result<Linear> {
+            let w = l.weight().to_dtype(DType::F32)?;
+            let b = l.bias().map(|b| b.to_dtype(DType::F32)).transpose()?;
+            Ok(Linear::new(w, b))
+        };
+        match spec {
+            HeadSpec::QwenScore => Ok(Self::QwenScore {
+                l0: f32_linear(candle_nn::linear(h, h, vb.pp("score").pp("0"))?)?,
+                l2: f32_linear(candle_nn::linear(h, 2, vb.pp("score").pp("2"))?)?,
+            }),
+            HeadSpec::ValueHead => Ok(Self::Value {
+                summary: f32_linear(candle_nn::linear(h, 1, vb.pp("v_head").pp("summary"))?)?,
+            }),
+            HeadSpec::LmPair { plus, minus } => {
+                for id in [plus, minus] {
+                    if id as usize >= cfg.vocab_size {
+                        candle_core::bail!(
+                            "LM-pair token id {id} is outside the vocabulary ({})",
+                            cfg.vocab_size
+                        )
+                    }
+                }
+                let ids = [plus as usize, minus as usize];
+                let rows = if cfg.tie_word_embeddings || !vb.contains_tensor("lm_head.weight") {
+                    embed.rows(&[plus, minus])?
+                } else {
+                    rows("lm_head.weight", &ids)?
+                        .to_dtype(dtype)?
+                        .to_device(&dev)?
+                };
+                if rows.dims2()? != (2, h) {
+                    candle_core::bail!(
+                        "the LM head's rows are {:?}, expected (2, {h})",
+                        rows.shape()
+                    )
+                }
+                Ok(Self::LmPair {
+                    pair: Linear::new(rows.to_dtype(DType::F32)?, None),
+                })
+            }
+        }
+    }
+
+    /// `hidden` (N, H) in any dtype -> N scores in [0, 1].
+    pub fn scores(&self, hidden: &Tensor) -> Result<Vec<f32>> {
+        let x = hidden.to_dtype(DType::F32)?;
+        let p = match self {
+            Self::QwenScore { l0, l2 } => {
+                let logits = l2.forward(&l0.forward(&x)?.relu()?)?;
+                candle_nn::ops::softmax_last_dim(&logits)?.narrow(1, 1, 1)?
+            }
+            Self::Value { summary } => candle_nn::ops::sigmoid(&summary.forward(&x)?)?,
+            Self::LmPair { pair } => {
+                candle_nn::ops::softmax_last_dim(&pair.forward(&x)?)?.narrow(1, 0, 1)?
+            }
+        };
+        p.flatten_all()?.to_vec1::<f32>()
+    }
+}
+
+/// Rows `ids` of the 2-D tensor `name`, shape (ids.len(), cols), in the stored dtype on the CPU,
+/// read straight from the mapped bytes (an LM head is 0.5-2 GB; two rows are a few KB).
+pub fn matrix_rows(
+    weights: &MmapedSafetensors,
+    name: &str,
+    ids: &[usize],
+    cols: usize,
+) -> Result<Tensor> {
+    let view = weights.get(name)?;
+    let dtype = DType::try_from(view.dtype())?;
+    let shape = view.shape();
+    if shape.len() != 2 || shape[1] != cols {
+        candle_core::bail!("{name} has shape {shape:?}, expected (vocab, {cols})")
+    }
+    let row_bytes = cols * dtype.size_in_bytes();
+    let mut bytes = Vec::with_capacity(ids.len() * row_bytes);
+    for &id in ids {
+        if id >= shape[0] {
+            candle_core::bail!("row {id} is outside {name} ({} rows)", shape[0])
+        }
+        bytes.extend_from_slice(&view.data()[id * row_bytes..(id + 1) * row_bytes]);
+    }
+    Tensor::from_raw_buffer(&bytes, dtype, &[ids.len(), cols], &Device::Cpu)
+}

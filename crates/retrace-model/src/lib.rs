@@ -1,0 +1,52 @@
+//! # retrace-model
+//!
+//! Process reward models on candle, and nothing else: no runtime, metrics, server config or
+//! RPC. A checkpoint (a Hugging Face folder or a GGUF file) is loaded with the head its family
+//! reads; token ids and the positions to read go in, one score in [0, 1] per position comes out.
+//! Rows of a batch are packed end to end, not padded; tokens rows share are computed once, and
+//! an optional prefix cache keeps what earlier batches computed.
+//!
+//! ```
+//! use candle_core::{DType, Device};
+//! use retrace_model::{HeadSpec, PrmModel};
+//!
+//! # fn main() -> Result<(), retrace_model::ModelError> {
+//! // A Math-Shepherd-style PRM (the repository's tiny random-weight fixture): the softmax
+//! // over the logits of '+' and '-' at each step's closing tag, index '+'.
+//! let folder = std::path::Path::new("../../tests/fixtures/tiny/math-shepherd");
+//! let head = HeadSpec::LmPair { plus: 270, minus: 272 };
+//! let model = PrmModel::load(folder, head, &Device::Cpu, DType::F32)?;
+//! // A trace of two steps as its family formats it: token ids, each step ending in the tag
+//! // (818 here), read at the tags.
+//! let ids: &[u32] = &[1, 446, 718, 348, 818, 391, 441, 415, 818];
+//! let scores = model.score(&[ids], &[&[4, 8]])?;
+//! assert_eq!(scores[0].len(), 2);
+//! assert!(scores[0].iter().all(|p| (0.0..=1.0).contains(p)));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Layout
+//! - `model.rs`: `PrmModel`, the one entry point (load, score, reuse).
+//! - `config.rs`: `ModelConfig`, mirroring `config.json` (Llama, Mistral, Qwen2).
+//! - `decoder.rs`: the packed decoder; `layers.rs`: linear and embedding layers, f32 or quantized.
+//! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair).
+//! - `gguf.rs`, `weights.rs`: checkpoints from GGUF files and safetensors.
+//! - `plan.rs` (a batch's layout of shared segments), `packing.rs` (keys and values per packed
+//!   row), `prefix_cache.rs` (what earlier batches computed).
+
+mod config;
+mod decoder;
+mod gguf;
+mod head;
+mod layers;
+mod model;
+mod packing;
+mod plan;
+mod prefix_cache;
+mod weights;
+
+pub use config::{ConfigError, ModelConfig};
+pub use gguf::Gguf;
+pub use head::HeadSpec;
+pub use model::{CacheStats, ModelError, PrmModel, Reuse, Row, Tokens, is_gguf};

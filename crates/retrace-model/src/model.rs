@@ -1,0 +1,418 @@
+//! A loaded PRM checkpoint (config, decoder and head) and its one entry point: token ids and the
+//! positions to read in, step scores out.
+
+use crate::config::ModelConfig;
+use crate::decoder::Decoder;
+use crate::gguf::{Gguf, GgufTensors};
+use crate::head::{Head, HeadSpec, matrix_rows};
+use crate::plan::Layout;
+use crate::prefix_cache::{Hit, PrefixCache};
+use crate::weights::FileTensors;
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("missing file {}", .0.display())]
+    MissingFile(PathBuf),
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: bad `{key}`: {reason}", path.display())]
+    BadConfig {
+        path: PathBuf,
+        key: String,
+        reason: String,
+    },
+    #[error("bad input: {0}")]
+    BadInput(String),
+    #[error("device {name:?}: {reason}")]
+    Device { name: String, reason: String },
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// A PRM ready to score: its weights immutable after loading; its prefix cache (when on) is
+/// the model thread's own.
+pub struct PrmModel {
+    config: ModelConfig,
+    decoder: Decoder,
+    head: Head,
+    cache: Option<Mutex<PrefixCache>>,
+    /// Rows of one batch that share tokens compute them once (off only to measure it).
+    share: bool,
+    dtype: DType,
+}
+
+/// One row's scores, and where its tokens came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub scores: Vec<f32>,
+    pub tokens: Tokens,
+}
+
+/// Tokens of one row computed for it, and reused (from the cache, or shared in its batch).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tokens {
+    pub computed: usize,
+    pub reused: usize,
+}
+
+/// A prefix cache's state, for its metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CacheStats {
+    pub bytes: usize,
+    pub evictions: u64,
+}
+
+/// How a model reuses computed tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reuse {
+    /// Bytes the prefix cache may hold; 0 turns it off.
+    pub cache_bytes: usize,
+    /// In-batch sharing of tokens rows have in common.
+    pub share: bool,
+}
+
+impl Default for Reuse {
+    fn default() -> Self {
+        Reuse {
+            cache_bytes: 0,
+            share: true,
+        }
+    }
+}
+
+impl PrmModel {
+    /// Loads `folder/config.json` and the weights (`model.safetensors`, or the shards named by
+    /// `model.safetensors.index.json`), read and converted to `dtype` on `device`; or, when
+    /// `folder` is a `.gguf` file, that checkpoint (see `load_gguf`).
+    pub fn load(
+        folder: &Path,
+        head: HeadSpec,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self, ModelError> {
+        if is_gguf(folder) {
+            return Self::load_gguf(folder, head, device);
+        }
+        let config_path = folder.join("config.json");
+        let text = read(&config_path)?;
+        let config = ModelConfig::from_json(&text).map_err(|e| ModelError::BadConfig {
+            path: config_path.clone(),
+            key: e.key,
+            reason: e.reason,
+        })?;
+        let files = weight_files(folder)?;
+        // Read, not mapped: a map's touched pages stayed resident until it was dropped, so
+        // loading peaked at twice the weights (1.06 GiB VmHWM for SmolLM2's 0.51 GiB).
+        let vb =
+            VarBuilder::from_backend(Box::new(FileTensors::open(&files)?), dtype, device.clone());
+        // SAFETY: the files are mapped read-only; like every mmap-based loader, this relies on
+        // nobody rewriting a checkpoint while a server has it loaded. Only the head reads from
+        // this map (a few rows of an untied lm_head), so few of its pages are ever resident.
+        let weights = unsafe { MmapedSafetensors::multi(&files)? };
+        let decoder = Decoder::new(&config, vb.clone(), None)?;
+        let rows = |name: &str, ids: &[usize]| matrix_rows(&weights, name, ids, config.hidden_size);
+        let head = Head::load(head, &config, vb, &rows, decoder.embeddings())?;
+        Ok(Self::new(config, decoder, head, dtype))
+    }
+
+    /// Loads a GGUF checkpoint: its quantized matrices stay quantized (activations in f32, as
+    /// llama.cpp runs them), every other tensor and the head in f32.
+    pub fn load_gguf(path: &Path, head: HeadSpec, device: &Device) -> Result<Self, ModelError> {
+        if !path.is_file() {
+            return Err(ModelError::MissingFile(path.to_path_buf()));
+        }
+        let gguf = Gguf::open(path)?;
+        let config = gguf.config()?;
+        let dtype = DType::F32;
+        let vb =
+            VarBuilder::from_backend(Box::new(GgufTensors(gguf.clone())), dtype, device.clone());
+        let decoder = Decoder::new(&config, vb.clone(), Some(&gguf))?;
+        let rows = |name: &str, ids: &[usize]| gguf.rows(name, ids);
+        let head = Head::load(head, &config, vb, &rows, decoder.embeddings())?;
+        Ok(Self::new(config, decoder, head, dtype))
+    }
+
+    fn new(config: ModelConfig, decoder: Decoder, head: Head, dtype: DType) -> Self {
+        Self {
+            config,
+            decoder,
+            head,
+            cache: None,
+            share: true,
+            dtype,
+        }
+    }
+
+    /// Sets how this model reuses computed tokens.
+    pub fn with_reuse(mut self, reuse: Reuse) -> Self {
+        self.cache =
+            (reuse.cache_bytes > 0).then(|| Mutex::new(PrefixCache::new(reuse.cache_bytes)));
+        self.share = reuse.share;
+        self
+    }
+
+    /// What the prefix cache holds, when it is on.
+    pub fn cache_stats(&self) -> Option<CacheStats> {
+        let cache = self.cache.as_ref()?.lock().ok()?;
+        Some(CacheStats {
+            bytes: cache.bytes(),
+            evictions: cache.stats().evictions,
+        })
+    }
+
+    /// Bytes the prefix cache spends per token: every layer's keys and values, and the last
+    /// layer's input.
+    pub fn cache_bytes_per_token(&self) -> usize {
+        let c = &self.config;
+        (2 * c.num_hidden_layers * c.kv_heads() * c.head_dim() + c.hidden_size)
+            * self.dtype.size_in_bytes()
+    }
+
+    /// The longest input (in tokens) the model accepts.
+    pub fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// Scores a batch in one forward pass: row `b` is read at `positions[b]` (in that order), and
+    /// its scores in [0, 1] come back in the same order. Rows are packed, not padded (see
+    /// `Decoder::forward`).
+    pub fn score(
+        &self,
+        batch: &[&[u32]],
+        positions: &[&[usize]],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if batch.len() != positions.len() {
+            return Err(ModelError::BadInput(format!(
+                "{} rows but {} position lists",
+                batch.len(),
+                positions.len()
+            )));
+        }
+        for (b, (row, pos)) in batch.iter().zip(positions).enumerate() {
+            if row.len() > self.max_positions() {
+                return Err(ModelError::BadInput(format!(
+                    "row {b} has {} tokens, more than the model's {}",
+                    row.len(),
+                    self.max_positions()
+                )));
+            }
+            if let Some(id) = row
+                .iter()
+                .find(|id| **id as usize >= self.config.vocab_size)
+            {
+                return Err(ModelError::BadInput(format!(
+                    "row {b}: token id {id} is outside the vocabulary"
+                )));
+            }
+            if let Some(p) = pos.iter().find(|p| **p >= row.len()) {
+                return Err(ModelError::BadInput(format!(
+                    "row {b}: position {p} is past its {} tokens",
+                    row.len()
+                )));
+            }
+        }
+        Ok(self
+            .score_rows(batch, positions)?
+            .into_iter()
+            .map(|r| r.scores)
+            .collect())
+    }
+
+    /// `score`, with each row's tokens computed and reused. With the prefix cache on, each row
+    /// starts from its longest cached prefix, and what the batch computes is cached after (as
+    /// much as the budget holds, least recently used evicted first).
+    pub fn score_rows(
+        &self,
+        batch: &[&[u32]],
+        positions: &[&[usize]],
+    ) -> Result<Vec<Row>, ModelError> {
+        if positions.iter().all(|p| p.is_empty()) {
+            return Ok(batch
+                .iter()
+                .map(|_| Row {
+                    scores: Vec::new(),
+                    tokens: Tokens::default(),
+                })
+                .collect());
+        }
+        let mut cache = match &self.cache {
+            Some(c) => Some(c.lock().map_err(|_| {
+                ModelError::BadInput("the prefix cache was poisoned by a panic".into())
+            })?),
+            None => None,
+        };
+        let lens: Vec<usize> = positions
+            .iter()
+            .map(|p| p.iter().max().map_or(0, |m| m + 1))
+            .collect();
+        let mut pins = Vec::new();
+        let hits: Vec<Hit> = match cache.as_mut() {
+            Some(c) => batch
+                .iter()
+                .zip(&lens)
+                .map(|(row, &len)| {
+                    let (hit, pinned) = c.lookup(&row[..len.min(row.len())]);
+                    pins.extend(pinned);
+                    hit
+                })
+                .collect(),
+            None => vec![Hit::default(); batch.len()],
+        };
+        let result = (|| {
+            let layout = self.decoder.layout(batch, positions, &hits, self.share)?;
+            let capture = match cache.as_mut() {
+                Some(c) => self.make_room(c, &layout),
+                None => Vec::new(),
+            };
+            let out = self
+                .decoder
+                .run(batch, positions, &hits, &layout, &capture)?;
+            if let Some(c) = cache.as_mut() {
+                for (s, kv) in out.captured {
+                    let seg = &layout.segments[s];
+                    c.insert(&batch[seg.row][..seg.pos0 + seg.len], seg.pos0, kv)?;
+                }
+            }
+            Ok::<_, ModelError>((layout, self.head.scores(&out.hidden)?))
+        })();
+        if let Some(c) = cache.as_mut() {
+            c.unpin(&pins);
+            let budget = c.budget();
+            c.evict_to(budget);
+        }
+        let (layout, flat) = result?;
+        let tokens = row_tokens(&layout, &lens);
+        let mut flat = flat.into_iter();
+        Ok(positions
+            .iter()
+            .zip(tokens)
+            .map(|(p, tokens)| Row {
+                scores: flat.by_ref().take(p.len()).collect(),
+                tokens,
+            })
+            .collect())
+    }
+
+    /// Evicts for what the batch computes, and picks the segments the cache keeps: in stream
+    /// order (parents first) while they fit the budget.
+    fn make_room(&self, cache: &mut PrefixCache, layout: &Layout) -> Vec<usize> {
+        let per_token = self.cache_bytes_per_token();
+        let budget = cache.budget();
+        cache.evict_to(budget.saturating_sub(layout.tokens * per_token));
+        let mut room = budget.saturating_sub(cache.bytes());
+        let mut keep = Vec::new();
+        for (i, seg) in layout.segments.iter().enumerate() {
+            let bytes = seg.len * per_token;
+            if bytes > room {
+                break;
+            }
+            room -= bytes;
+            keep.push(i);
+        }
+        keep
+    }
+}
+
+/// Each row's tokens computed for it and reused: a segment several rows share counts as
+/// computed for the first of them.
+fn row_tokens(layout: &Layout, lens: &[usize]) -> Vec<Tokens> {
+    let mut claimed = vec![false; layout.segments.len()];
+    layout
+        .paths
+        .iter()
+        .zip(lens)
+        .map(|(path, &len)| {
+            let mut computed = 0;
+            for &s in path {
+                if !std::mem::replace(&mut claimed[s], true) {
+                    computed += layout.segments[s].len;
+                }
+            }
+            Tokens {
+                computed,
+                reused: len - computed,
+            }
+        })
+        .collect()
+}
+
+/// Whether `path` names a GGUF checkpoint (a file ending in `.gguf`) rather than a folder.
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+fn read(path: &Path) -> Result<String, ModelError> {
+    std::fs::read_to_string(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => ModelError::MissingFile(path.to_path_buf()),
+        _ => ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+    })
+}
+
+/// `model.safetensors`, else the distinct shards of `model.safetensors.index.json` (sorted).
+fn weight_files(folder: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let single = folder.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index_path = folder.join("model.safetensors.index.json");
+    if !index_path.is_file() {
+        return Err(ModelError::MissingFile(single));
+    }
+    let bad = |reason: String| ModelError::BadConfig {
+        path: index_path.clone(),
+        key: "weight_map".into(),
+        reason,
+    };
+    let index: serde_json::Value =
+        serde_json::from_str(&read(&index_path)?).map_err(|e| bad(e.to_string()))?;
+    let map = index
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("missing or not an object".into()))?;
+    let mut shards = map
+        .values()
+        .map(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| bad(format!("shard name {v} is not a string")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    shards.sort();
+    shards.dedup();
+    if shards.is_empty() {
+        return Err(bad("names no shard files".into()));
+    }
+    shards
+        .into_iter()
+        .map(|s| {
+            let p = folder.join(&s);
+            if s.contains('/') || s.contains('\\') || s.starts_with('.') {
+                Err(bad(format!("shard name {s:?} is not a plain file name")))
+            } else if p.is_file() {
+                Ok(p)
+            } else {
+                Err(ModelError::MissingFile(p))
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "model_tests.rs"]
+mod tests;

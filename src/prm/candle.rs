@@ -1,0 +1,62 @@
+//! The candle model behind the batcher's `Scorer` seam, and the device a config names.
+
+use super::batcher::{CacheStats, Row, Scorer};
+use super::format::Encoded;
+use crate::config::DeviceSpec;
+use candle_core::Device;
+use retrace_model::{ModelError, PrmModel};
+
+impl Scorer for PrmModel {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, String> {
+        let (rows, positions) = split(batch);
+        PrmModel::score(self, &rows, &positions).map_err(|e| e.to_string())
+    }
+
+    fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, String> {
+        let (rows, positions) = split(batch);
+        PrmModel::score_rows(self, &rows, &positions).map_err(|e| e.to_string())
+    }
+
+    fn cache(&self) -> Option<CacheStats> {
+        self.cache_stats()
+    }
+}
+
+fn split<'a>(batch: &[&'a Encoded]) -> (Vec<&'a [u32]>, Vec<&'a [usize]>) {
+    batch
+        .iter()
+        .map(|e| (e.ids.as_slice(), e.positions.as_slice()))
+        .unzip()
+}
+
+/// The candle device a config names; CUDA needs a build with `--features cuda`.
+pub(super) fn device(spec: DeviceSpec) -> Result<Device, ModelError> {
+    let err = |reason: String| ModelError::Device {
+        name: spec.to_string(),
+        reason,
+    };
+    match spec {
+        DeviceSpec::Cpu => Ok(Device::Cpu),
+        DeviceSpec::Cuda(ordinal) if cfg!(feature = "cuda") => {
+            Device::new_cuda(ordinal).map_err(|e| err(e.to_string()))
+        }
+        DeviceSpec::Cuda(_) => Err(err(
+            "this build has no CUDA support; rebuild with `--features cuda`".to_string(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names() {
+        assert!(matches!(device(DeviceSpec::Cpu), Ok(Device::Cpu)));
+        if !cfg!(feature = "cuda") {
+            let err = device(DeviceSpec::Cuda(0)).err().unwrap();
+            assert!(err.to_string().contains("--features cuda"), "{err}");
+            assert!(err.to_string().contains("cuda:0"), "{err}");
+        }
+    }
+}

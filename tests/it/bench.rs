@@ -1,0 +1,95 @@
+//! `retrace bench` end to end on the committed tiny chat-lm PRM: it starts its own server, scores
+//! ProcessBench traces over gRPC at two concurrencies, measures the matmul peak and the scaling
+//! sweep, and prints the table. The llama-server contender is left out (`--no-llama`); the
+//! README's run has it.
+
+use crate::common;
+
+use std::path::Path;
+
+use std::process::Command;
+
+/// The numbers of a table row, by its label; `–` cells are skipped.
+fn row(table: &str, label: &str) -> Vec<f64> {
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(&format!("| {label} |")))
+        .unwrap_or_else(|| panic!("no row {label:?} in:\n{table}"));
+    line.split('|')
+        .skip(2)
+        .map(|c| c.trim().trim_end_matches(['%', 'x']))
+        .filter(|c| !c.is_empty() && *c != "–")
+        .map(|c| {
+            c.parse::<f64>()
+                .unwrap_or_else(|_| panic!("cell {c:?} in {line}"))
+        })
+        .collect()
+}
+
+#[test]
+fn bench_prints_the_table_and_writes_the_plot() {
+    let dir = std::env::temp_dir().join(format!("retrace-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (svg, out) = (dir.join("scaling.svg"), dir.join("report.md"));
+    let model = Path::new(crate::common::REPO).join("tests/fixtures/tiny/chat-lm");
+    let o = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(["bench", "--no-llama", "--limit", "3", "--rounds", "2"])
+        .args(["--concurrency", "1,2", "--gemm-rows", "32"])
+        .args(["--target-peak-percent", "50", "--target-rss-factor", "1.5"])
+        .args([
+            "--scaling",
+            "--scaling-lens",
+            "32,64",
+            "--scaling-batches",
+            "1,2",
+        ])
+        .arg("--model")
+        .arg(&model)
+        .arg("--data")
+        .arg(common::processbench("gsm8k"))
+        .arg("--svg")
+        .arg(&svg)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run retrace bench");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "retrace bench failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        stdout.contains("| | retrace c=1 | retrace c=2 |"),
+        "header:\n{stdout}"
+    );
+    assert!(stdout.contains("3 traces of"), "{stdout}");
+    for label in [
+        "traces/s",
+        "tokens/s",
+        "p50 latency (ms)",
+        "p99 latency (ms)",
+        "achieved GFLOP/s",
+        "% of matmul peak",
+    ] {
+        let cells = row(&stdout, label);
+        assert_eq!(cells.len(), 2, "{label}: {cells:?}");
+        assert!(cells.iter().all(|c| *c > 0.0), "{label}: {cells:?}");
+    }
+    let p50 = row(&stdout, "p50 latency (ms)");
+    let p99 = row(&stdout, "p99 latency (ms)");
+    assert!(p50.iter().zip(&p99).all(|(a, b)| a <= b), "{p50:?} {p99:?}");
+    // The server the bench started was measured: at least the tiny model's weights.
+    let rss = row(&stdout, "peak RSS (MiB, whole run)");
+    assert!(rss.len() == 1 && rss[0] > 1.0, "{rss:?}");
+    assert!(stdout.contains("f32 matmul peak"), "{stdout}");
+    // No sweep point reaches batch 8, so that target is not claimed either way.
+    assert!(!stdout.contains("at batch ≥ 8"), "{stdout}");
+    assert!(stdout.contains("peak RSS ≤ 1.5 × weights"), "{stdout}");
+    // Only the targets asked for are checked: no speed-up target was given.
+    assert!(!stdout.contains("llama-server at c="), "{stdout}");
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg") && plot.contains("batch 2") && plot.contains("64 tokens"));
+    assert_eq!(std::fs::read_to_string(&out).unwrap().trim(), stdout.trim());
+    let _ = std::fs::remove_dir_all(&dir);
+}

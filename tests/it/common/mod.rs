@@ -1,0 +1,416 @@
+//! Test harness: fake evaluators (tests only) and an in-process server on 127.0.0.1:0.
+#![allow(dead_code)]
+
+/// The repository's root, where `tests/fixtures/` lies.
+pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+pub mod llama;
+pub mod upstream;
+pub mod vllm;
+pub mod wire;
+
+use futures::future::BoxFuture;
+use retrace::EvaluatorLoader;
+use retrace::api::pb;
+use retrace::config::Config;
+use retrace::engine::{Description, EngineError, Evaluator, Job};
+use retrace::trace::Judgement;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// Scores a step 0.1 when it contains "wrong", else 0.9, after `delay`; refuses a step that
+/// contains "refuse" with INVALID_ARGUMENT naming it, as a model's formatter would.
+pub struct Fake {
+    pub delay: Duration,
+    pub counters: Arc<Counters>,
+}
+
+#[derive(Default)]
+pub struct Counters {
+    /// Jobs that reached the "model".
+    pub started: AtomicUsize,
+    /// Jobs that finished.
+    pub finished: AtomicUsize,
+    /// Jobs running now, and the most that ever ran at once.
+    pub running: AtomicUsize,
+    pub peak: AtomicUsize,
+}
+
+impl Counters {
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+    pub fn finished(&self) -> usize {
+        self.finished.load(Ordering::SeqCst)
+    }
+    /// The most jobs that ever ran at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
+}
+
+impl Evaluator for Fake {
+    fn describe(&self) -> Description {
+        Description {
+            kind: "prm".into(),
+            family: "fake".into(),
+            model: "fake-model".into(),
+        }
+    }
+
+    fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
+        Box::pin(async move {
+            self.counters.started.fetch_add(1, Ordering::SeqCst);
+            if let Some(i) = job
+                .trace
+                .steps
+                .iter()
+                .position(|s| s.text.contains("refuse"))
+            {
+                return Err(EngineError::invalid(
+                    retrace::field::FieldPath::root().then("steps").at(i),
+                    "refused by the fake",
+                ));
+            }
+            let running = self.counters.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.counters.peak.fetch_max(running, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            self.counters.running.fetch_sub(1, Ordering::SeqCst);
+            let scores = job
+                .trace
+                .steps
+                .iter()
+                .map(|s| if s.text.contains("wrong") { 0.1 } else { 0.9 })
+                .collect();
+            self.counters.finished.fetch_add(1, Ordering::SeqCst);
+            Ok(Judgement::from_scores(scores, job.threshold))
+        })
+    }
+}
+
+/// A config whose evaluators are fakes: each `[[evaluator]]` must still validate as a PRM.
+pub fn config(server_extra: &str, evaluators: &[(&str, &str)]) -> Config {
+    let mut text = format!("[server]\n{server_extra}\n");
+    for (name, extra) in evaluators {
+        text.push_str(&format!(
+            "[[evaluator]]\nname = \"{name}\"\nkind = \"prm\"\nfamily = \"chat-lm\"\nmodel = \"fake\"\n{extra}\n"
+        ));
+    }
+    Config::parse(&text, "test config", &[]).expect("test config is valid")
+}
+
+/// A loader that builds fakes with `delay`, after `gate` lets it (to hold the server in loading).
+pub fn fake_loader(
+    delay: Duration,
+    counters: Arc<Counters>,
+    gate: Option<Arc<Semaphore>>,
+) -> EvaluatorLoader {
+    Arc::new(move |_cfg, _loaded| {
+        if let Some(g) = &gate {
+            let handle = tokio::runtime::Handle::current();
+            let permit = handle
+                .block_on(g.clone().acquire_owned())
+                .expect("gate open");
+            permit.forget();
+        }
+        let fake = Fake {
+            delay,
+            counters: counters.clone(),
+        };
+        Ok(Arc::new(fake) as Arc<dyn Evaluator>)
+    })
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    pub handle: JoinHandle<Result<(), retrace::ServeError>>,
+}
+
+impl TestServer {
+    pub async fn start(config: Config, loader: EvaluatorLoader) -> TestServer {
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics_addr) = (grpc.local_addr().unwrap(), metrics.local_addr().unwrap());
+        let http_addr = http.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let listeners = retrace::Listeners {
+            grpc,
+            http: Some(http),
+            metrics: Some(metrics),
+        };
+        let handle = tokio::spawn(retrace::serve(config, loader, listeners, async {
+            let _ = stopped.await;
+        }));
+        TestServer {
+            addr,
+            metrics_addr,
+            http_addr,
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        let url = format!("http://{}", self.addr);
+        for _ in 0..100 {
+            if let Ok(c) = Channel::from_shared(url.clone()).unwrap().connect().await {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("server at {url} never accepted a connection");
+    }
+
+    pub async fn client(&self) -> pb::evaluator_client::EvaluatorClient<Channel> {
+        pb::evaluator_client::EvaluatorClient::new(self.channel().await)
+    }
+
+    /// Waits until the server reports SERVING.
+    pub async fn ready(&self) {
+        let mut health = tonic_health::pb::health_client::HealthClient::new(self.channel().await);
+        for _ in 0..250 {
+            let r = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await;
+            if r.is_ok_and(|r| r.into_inner().status == 1) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("server never became SERVING");
+    }
+
+    pub async fn stop(mut self) -> Result<(), retrace::ServeError> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.handle.await.expect("server task")
+    }
+
+    pub fn begin_stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+
+    /// GETs /metrics over plain HTTP/1.0.
+    pub async fn scrape(&self) -> String {
+        scrape(self.metrics_addr).await
+    }
+}
+
+pub async fn scrape(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    assert!(
+        body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
+        "{body}"
+    );
+    body
+}
+
+/// The value of the first sample line that starts with `prefix` (name plus labels), if any.
+pub fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+pub fn steps_trace(question: &str, steps: &[&str]) -> pb::Trace {
+    pb::Trace {
+        question: question.into(),
+        steps: steps.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// One Evaluate with `deadline` in its header (the server enforces it); fails the test if no
+/// status came back within the deadline and `slack`.
+pub async fn evaluate_within(
+    s: &TestServer,
+    evaluator: &str,
+    trace: pb::Trace,
+    deadline: Duration,
+    slack: Duration,
+) -> Result<pb::EvaluateResponse, tonic::Status> {
+    let mut req = tonic::Request::new(request("r", evaluator, trace));
+    req.metadata_mut().insert(
+        "grpc-timeout",
+        format!("{}m", deadline.as_millis()).parse().unwrap(),
+    );
+    let mut client = s.client().await;
+    let started = std::time::Instant::now();
+    let result = tokio::time::timeout(deadline + slack, client.evaluate(req))
+        .await
+        .unwrap_or_else(|_| panic!("no status within {:?}", deadline + slack));
+    assert!(
+        started.elapsed() < deadline + slack,
+        "took {:?}",
+        started.elapsed()
+    );
+    result.map(|r| r.into_inner())
+}
+
+pub fn request(id: &str, evaluator: &str, trace: pb::Trace) -> pb::EvaluateRequest {
+    pb::EvaluateRequest {
+        id: id.into(),
+        evaluator: evaluator.into(),
+        trace: Some(trace),
+        threshold: None,
+    }
+}
+
+/// A free port on 127.0.0.1, for a child process that binds its own.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Kills a child process (a `retrace serve` under test) when the test ends, pass or fail.
+pub struct ChildGuard(pub std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A `retrace serve` child process with `args` (on free ports of 127.0.0.1), and a channel to it
+/// once it is SERVING; also its metrics address.
+pub async fn spawn_retrace(
+    args: &[&std::ffi::OsStr],
+    envs: &[(&str, &str)],
+) -> (ChildGuard, Channel, SocketAddr) {
+    spawn_retrace_on(free_port(), args, envs).await
+}
+
+/// `spawn_retrace` with gRPC on 127.0.0.1:`grpc`.
+pub async fn spawn_retrace_on(
+    grpc: u16,
+    args: &[&std::ffi::OsStr],
+    envs: &[(&str, &str)],
+) -> (ChildGuard, Channel, SocketAddr) {
+    let metrics = free_port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .arg("serve")
+        .args(args)
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+        .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
+        .envs(envs.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("spawning retrace");
+    let mut server = ChildGuard(child);
+    let url = format!("http://127.0.0.1:{grpc}");
+    let channel = loop {
+        if let Ok(c) = Channel::from_shared(url.clone()).unwrap().connect().await {
+            break c;
+        }
+        assert!(
+            server.0.try_wait().unwrap().is_none(),
+            "retrace exited early"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    for i in 0.. {
+        let check = tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        };
+        if health.check(check).await.unwrap().into_inner().status == 1 {
+            break;
+        }
+        assert!(i < 1200, "retrace never became SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (
+        server,
+        channel,
+        format!("127.0.0.1:{metrics}").parse().unwrap(),
+    )
+}
+
+/// A ProcessBench split's JSON file: `$RETRACE_PROCESSBENCH_DIR`, else `shared/` beside the clone,
+/// else the workplace copy.
+pub fn processbench(split: &str) -> std::path::PathBuf {
+    let dir = std::env::var_os("RETRACE_PROCESSBENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(crate::common::REPO).join("../shared/data/processbench")
+        });
+    // A clone elsewhere than beside shared/ still finds the workplace copy.
+    let dir = if dir.is_dir() {
+        dir
+    } else {
+        std::path::PathBuf::from("/work/shared/data/processbench")
+    };
+    let path = dir.join(format!("{split}.json"));
+    assert!(
+        path.is_file(),
+        "ProcessBench data missing at {} (set RETRACE_PROCESSBENCH_DIR)",
+        path.display()
+    );
+    path
+}
+
+/// A process's resident set (VmRSS) in KiB, from /proc.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("a VmRSS line")
+}
+
+/// A config file serving the committed tiny PRM as `tiny` (family qwen2-math-prm), with
+/// `server_extra` lines under `[server]`; written under a fresh temporary folder.
+pub fn tiny_prm_config(tag: &str, server_extra: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("retrace-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model =
+        std::path::Path::new(crate::common::REPO).join("tests/fixtures/tiny/qwen2-math-prm");
+    let path = dir.join("retrace.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\n{server_extra}\n[[evaluator]]\nname = \"tiny\"\nkind = \"prm\"\n\
+             family = \"qwen2-math-prm\"\nmodel = {:?}\n",
+            model.display().to_string()
+        ),
+    )
+    .unwrap();
+    path
+}

@@ -1,0 +1,162 @@
+//! The embedded default served from SmolLM2's Q4_1 GGUF as it is: its tokenizer rebuilt from the
+//! file formats exactly as the converted folder's, and its step scores against llama.cpp's own
+//! llama-server on the same file, scored the way users score a PRM behind it.
+
+use crate::common;
+
+use common::llama::{llama_server, smollm2_gguf};
+use common::*;
+use retrace::api::pb;
+use retrace::prm::format::{CHAT_LM_INSTRUCTION, Family, Formatter};
+use retrace::trace::Trace;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+#[derive(Deserialize)]
+struct Bench {
+    id: String,
+    problem: String,
+    steps: Vec<String>,
+}
+
+fn traces(split: &str) -> Vec<Bench> {
+    serde_json::from_str(&std::fs::read_to_string(processbench(split)).unwrap()).unwrap()
+}
+
+#[test]
+fn the_tokenizer_rebuilt_from_the_gguf_formats_like_the_converted_folder() {
+    // The folder's tokenizer.json was rebuilt by scripts/gguf_to_hf.py and checked against
+    // llama.cpp's /tokenize; this one is rebuilt in Rust from the same vocabulary and merges,
+    // and the chat template and special tokens come from the GGUF's metadata.
+    let folder = retrace::env::Env::process().cache_dir().join("smollm2");
+    assert!(
+        folder.join("tokenizer.json").is_file(),
+        "{} is missing: run scripts/fetch-smollm2.sh --f32",
+        folder.display()
+    );
+    let from_gguf = Formatter::load(Family::ChatLm, &smollm2_gguf()).unwrap();
+    let from_folder = Formatter::load(Family::ChatLm, &folder).unwrap();
+    let mut n = 0;
+    for split in ["gsm8k", "math", "olympiadbench"] {
+        for b in traces(split).iter().take(150) {
+            let trace = Trace::of_steps(&b.problem, &b.steps);
+            let (a, want) = (from_gguf.encode(&trace), from_folder.encode(&trace));
+            assert_eq!(a, want, "{}", b.id);
+            n += 1;
+        }
+    }
+    assert_eq!(n, 450);
+}
+
+/// P('+') against P('-') for each step, from llama-server's chat completions: the conversation
+/// up to the step (every earlier assistant turn "+"), one token, its top logprobs; `None` where
+/// '+' or '-' is not among them.
+async fn llama_scores(port: u16, b: &Bench) -> Vec<Option<f64>> {
+    let http = reqwest::Client::new();
+    let mut messages = vec![json!({"role": "system", "content": CHAT_LM_INSTRUCTION})];
+    let mut scores = Vec::new();
+    for (k, step) in b.steps.iter().enumerate() {
+        let content = match k {
+            0 => format!("Question: {}\n\nStep: {step}", b.problem),
+            _ => format!("Step: {step}"),
+        };
+        messages.push(json!({"role": "user", "content": content}));
+        let body = json!({"messages": messages, "max_tokens": 1, "temperature": 0.0,
+                          "logprobs": true, "top_logprobs": 200});
+        let reply: Value = http
+            .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let top = reply
+            .pointer("/choices/0/logprobs/content/0/top_logprobs")
+            .and_then(Value::as_array)
+            .expect("top_logprobs");
+        let logprob = |t: &str| {
+            top.iter()
+                .find(|x| x["token"] == t)
+                .and_then(|x| x["logprob"].as_f64())
+        };
+        let score = match (logprob("+"), logprob("-")) {
+            (Some(plus), Some(minus)) => Some(1.0 / (1.0 + (minus - plus).exp())),
+            _ => None,
+        };
+        scores.push(score);
+        messages.push(json!({"role": "assistant", "content": "+"}));
+    }
+    scores
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gguf_default_scores_as_llama_server_does_on_the_same_file() {
+    let (server, channel, _) = spawn_retrace(&[], &[]).await;
+    let mut c = pb::evaluator_client::EvaluatorClient::new(channel);
+    let list = c
+        .list_evaluators(pb::ListEvaluatorsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        list.evaluators[0]
+            .model
+            .ends_with("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "{:?}",
+        list.evaluators[0]
+    );
+    let (_llama, port) = llama_server(&["-c", "4096", "-np", "1", "-t", "2", "--jinja"]).await;
+    let sample: Vec<Bench> = traces("gsm8k").into_iter().take(10).collect();
+    let (mut diffs, mut same_first, mut compared, mut misses) = (Vec::new(), 0, 0, 0);
+    for b in &sample {
+        let steps: Vec<&str> = b.steps.iter().map(String::as_str).collect();
+        let r = c
+            .evaluate(request(&b.id, "", steps_trace(&b.problem, &steps)))
+            .await
+            .unwrap()
+            .into_inner();
+        let ours: Vec<f64> = r.steps.iter().map(|s| f64::from(s.score)).collect();
+        let theirs = llama_scores(port, b).await;
+        assert_eq!(ours.len(), theirs.len(), "{}", b.id);
+        diffs.extend(
+            ours.iter()
+                .zip(&theirs)
+                .filter_map(|(a, b)| b.map(|b| (a - b).abs())),
+        );
+        misses += theirs.iter().filter(|s| s.is_none()).count();
+        // A trace with a step llama-server could not score has no first error to compare.
+        if let Some(theirs) = theirs.into_iter().collect::<Option<Vec<f64>>>() {
+            let first = |v: &[f64]| v.iter().position(|s| *s < 0.5);
+            same_first += usize::from(first(&ours) == first(&theirs));
+            compared += 1;
+        }
+    }
+    diffs.sort_by(f64::total_cmp);
+    let q = |p: f64| diffs[((diffs.len() - 1) as f64 * p).round() as usize];
+    let close = diffs.iter().filter(|d| **d <= 5e-3).count();
+    eprintln!(
+        "| GGUF Q4_1, retrace against llama-server (defaults), {} traces, {} steps | |\n|---|---:|\n\
+         | |score difference| median / p90 / max | {:.1e} / {:.1e} / {:.1e} |\n\
+         | steps within 5e-3 | {close} |\n| first error (score < 0.5) agrees | {same_first} of {compared} |\n\
+         | steps without '+' or '-' in llama-server's top 200 (left out) | {misses} |",
+        sample.len(),
+        diffs.len(),
+        q(0.5),
+        q(0.9),
+        q(1.0),
+    );
+    // llama.cpp keeps its KV cache in f16 and rounds attention there; retrace keeps f32. The
+    // median step agrees to 5e-3; first errors on nearly every trace.
+    assert!(q(0.5) <= 5e-3, "median difference {}", q(0.5));
+    assert!(
+        compared >= sample.len() / 2,
+        "only {compared} traces fully scored"
+    );
+    assert!(
+        same_first + 1 >= compared,
+        "first errors agree on {same_first} of {compared}"
+    );
+    drop(server);
+}

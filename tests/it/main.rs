@@ -1,0 +1,28 @@
+//! The integration tests, one binary: a module per area. They start real `retrace serve`
+//! processes (the binary this package builds) or the server in-process on 127.0.0.1:0, with the
+//! fakes of `common/` only where a real part can't run here.
+
+mod bench;
+mod cli;
+mod common;
+mod dead_model;
+mod eval;
+mod fuzz_props;
+mod gguf;
+mod http;
+mod judge_faults;
+mod judge_llama;
+mod judge_output;
+mod judge_replies;
+mod judge_wire;
+mod memory;
+mod overload;
+mod prm;
+mod reliability;
+mod replicas;
+mod score;
+mod service;
+mod sigterm;
+mod smollm2;
+mod unreadable;
+mod vllm;
