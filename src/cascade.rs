@@ -26,7 +26,7 @@ pub struct CascadeConfig {
 }
 
 /// The default `escalate_margin`.
-pub const ESCALATE_MARGIN: f32 = 0.1;
+pub(crate) const ESCALATE_MARGIN: f32 = 0.1;
 
 fn default_margin() -> f32 {
     ESCALATE_MARGIN
@@ -46,7 +46,7 @@ impl CascadeConfig {
     }
 }
 
-pub struct Cascade {
+pub(crate) struct Cascade {
     name: String,
     prm: Arc<dyn Evaluator>,
     judge: Arc<dyn Evaluator>,
@@ -58,7 +58,7 @@ pub struct Cascade {
 
 /// What the cascade does with one PRM judgement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// The PRM is sure: its verdict stands.
     Keep,
     /// A step that decides the verdict scored within the margin of the threshold.
@@ -69,7 +69,7 @@ pub enum Decision {
 
 /// Only steps up to and including the PRM's first error decide the verdict; an unsure score
 /// after it can't move the index, so it never costs a judge call.
-pub fn decide(
+pub(crate) fn decide(
     scores: &[f32],
     first_error: Option<usize>,
     threshold: f32,
@@ -92,7 +92,11 @@ pub fn decide(
 }
 
 /// Builds a cascade over evaluators loaded before it (`Engine::load` loads cascades last).
-pub fn load(name: &str, config: &CascadeConfig, loaded: &Loaded) -> Result<Cascade, EngineError> {
+pub(crate) fn load(
+    name: &str,
+    config: &CascadeConfig,
+    loaded: &Loaded,
+) -> Result<Cascade, EngineError> {
     let find = |key: &str, wanted: &str| {
         loaded.get(wanted).cloned().ok_or_else(|| {
             EngineError::Internal(format!("cascade {name:?}: {key} {wanted:?} is not loaded"))

@@ -92,7 +92,7 @@ fn by_markers(text: &str, lines: &[Range<usize>]) -> Vec<Range<usize>> {
 }
 
 /// "Step 12:", "step 3.", "Step 4)" or "12." / "12)" followed by whitespace.
-pub fn is_marker(line: &str) -> bool {
+pub(crate) fn is_marker(line: &str) -> bool {
     let rest = match line.get(..4) {
         Some(w) if w.eq_ignore_ascii_case("step") => {
             let after = line[4..].trim_start();

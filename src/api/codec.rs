@@ -13,7 +13,7 @@ use tonic_prost::{ProstDecoder, ProstEncoder};
 const PROST_PREFIX: &str = "failed to decode Protobuf message: ";
 
 /// Which end of a call reads a message, and so whose fault it is when it does not decode.
-pub trait Wire: Message + Default + Send + 'static {
+pub(super) trait Wire: Message + Default + Send + 'static {
     /// The message's full protobuf name, for error messages.
     const NAME: &'static str;
     /// The server reads it: a failure is the caller's input, INVALID_ARGUMENT. A response that
@@ -43,7 +43,7 @@ wire! {
 
 /// Named by `codec_path` in build.rs: the generated server and client use it for every RPC.
 #[derive(Debug, Clone)]
-pub struct ProtoCodec<T, U>(PhantomData<(T, U)>);
+pub(super) struct ProtoCodec<T, U>(PhantomData<(T, U)>);
 
 impl<T, U> Default for ProtoCodec<T, U> {
     fn default() -> Self {
@@ -72,7 +72,7 @@ where
 
 /// prost's decoder with the request side's errors made INVALID_ARGUMENT.
 #[derive(Debug, Clone)]
-pub struct ProtoDecoder<U>(ProstDecoder<U>);
+pub(super) struct ProtoDecoder<U>(ProstDecoder<U>);
 
 impl<U: Wire> Decoder for ProtoDecoder<U> {
     type Item = U;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tonic::metadata::MetadataMap;
 
 /// Options are lettered A to Z when rendered for a model.
-pub const MAX_OPTIONS: usize = 26;
+pub(crate) const MAX_OPTIONS: usize = 26;
 
 /// An EvaluateRequest, checked: what the engine needs from it, clock values aside.
 #[derive(Debug)]
@@ -86,7 +86,7 @@ pub fn parse_rank(req: pb::RankRequest) -> Result<RankInput, EngineError> {
 }
 
 /// Validates a proto trace; errors name the field under `at` (e.g. `trace`, `candidates[2]`).
-pub fn parse_trace(t: pb::Trace, at: &FieldPath) -> Result<Trace, EngineError> {
+pub(crate) fn parse_trace(t: pb::Trace, at: &FieldPath) -> Result<Trace, EngineError> {
     if t.question.trim().is_empty() {
         return Err(EngineError::invalid(
             at.clone().then("question"),
@@ -185,10 +185,10 @@ fn parse_steps(steps: Vec<String>, text: &str, at: &FieldPath) -> Result<Vec<Ste
 
 /// Longest caller id: a Rank's candidates each carry it in their verdict, so a longer one would
 /// multiply the response by the candidate count.
-pub const MAX_ID_BYTES: usize = 256;
+pub(crate) const MAX_ID_BYTES: usize = 256;
 
 /// Checks a caller's `id`.
-pub fn parse_id(id: String) -> Result<String, EngineError> {
+pub(crate) fn parse_id(id: String) -> Result<String, EngineError> {
     match id.len() {
         n if n > MAX_ID_BYTES => Err(EngineError::invalid(
             "id",
@@ -199,7 +199,10 @@ pub fn parse_id(id: String) -> Result<String, EngineError> {
 }
 
 /// Checks an optional threshold override.
-pub fn parse_threshold(t: Option<f32>, field: &'static str) -> Result<Option<f32>, EngineError> {
+pub(crate) fn parse_threshold(
+    t: Option<f32>,
+    field: &'static str,
+) -> Result<Option<f32>, EngineError> {
     match t {
         Some(v) if !(0.0..=1.0).contains(&v) => Err(EngineError::invalid(
             field,
@@ -210,11 +213,11 @@ pub fn parse_threshold(t: Option<f32>, field: &'static str) -> Result<Option<f32
 }
 
 /// Reads the `grpc-timeout` header: an integer and a unit (H, M, S, m, u, n).
-pub fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
+pub(crate) fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
     parse_grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)
 }
 
-pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+pub(crate) fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     if value.len() < 2 || value.len() > 9 {
         return None;
     }
@@ -231,7 +234,7 @@ pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     })
 }
 
-pub fn category(c: ErrorCategory) -> pb::ErrorCategory {
+pub(crate) fn category(c: ErrorCategory) -> pb::ErrorCategory {
     match c {
         ErrorCategory::Unspecified => pb::ErrorCategory::Unspecified,
         ErrorCategory::None => pb::ErrorCategory::None,
@@ -252,7 +255,7 @@ pub fn category_from_pb(c: i32) -> ErrorCategory {
     }
 }
 
-pub fn decision_path(p: DecisionPath) -> pb::DecisionPath {
+pub(crate) fn decision_path(p: DecisionPath) -> pb::DecisionPath {
     match p {
         DecisionPath::Prm => pb::DecisionPath::Prm,
         DecisionPath::Judge => pb::DecisionPath::Judge,
@@ -262,7 +265,7 @@ pub fn decision_path(p: DecisionPath) -> pb::DecisionPath {
 }
 
 /// Renders a verdict; offsets are filled only for steps the server segmented.
-pub fn response(id: String, trace: &Trace, v: Verdict) -> pb::EvaluateResponse {
+pub(crate) fn response(id: String, trace: &Trace, v: Verdict) -> pb::EvaluateResponse {
     let j = &v.judgement;
     let steps = trace
         .steps

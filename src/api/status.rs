@@ -6,7 +6,7 @@ use tonic::{Code, Status};
 /// Most bytes of an error message a status carries: a message echoes the caller's input (an
 /// evaluator name, a field), and one past the transport's header limit would replace the status
 /// with the transport's own "metadata size exceeds limit".
-pub const MAX_MESSAGE_BYTES: usize = 1024;
+pub(super) const MAX_MESSAGE_BYTES: usize = 1024;
 
 /// Maps an engine error to its gRPC status: validation -> INVALID_ARGUMENT, overload ->
 /// RESOURCE_EXHAUSTED, not ready or upstream down -> UNAVAILABLE, deadline -> DEADLINE_EXCEEDED,
@@ -24,7 +24,7 @@ pub fn to_status(error: &EngineError) -> Status {
 }
 
 /// `message` cut to `MAX_MESSAGE_BYTES` at a character boundary, saying how much was cut.
-pub fn capped(mut message: String) -> String {
+pub(super) fn capped(mut message: String) -> String {
     if message.len() <= MAX_MESSAGE_BYTES {
         return message;
     }
@@ -39,7 +39,7 @@ pub fn capped(mut message: String) -> String {
 }
 
 /// The status table's HTTP column: what the JSON edge answers for each code.
-pub fn http_status(code: Code) -> u16 {
+pub(super) fn http_status(code: Code) -> u16 {
     match code {
         Code::Ok => 200,
         Code::InvalidArgument => 400,
@@ -54,7 +54,7 @@ pub fn http_status(code: Code) -> u16 {
 }
 
 /// The code's name as gRPC spells it, for JSON error bodies.
-pub fn code_name(code: Code) -> &'static str {
+pub(super) fn code_name(code: Code) -> &'static str {
     match code {
         Code::Ok => "OK",
         Code::InvalidArgument => "INVALID_ARGUMENT",

@@ -18,7 +18,7 @@ const FIELD: &str = "request";
 /// could not read; `None` for every other status. tonic's wording is matched exactly (and
 /// pinned by tests/unreadable.rs over a real HTTP/2 call) so that a status of our own handlers is never taken for one:
 /// they answer OUT_OF_RANGE never, and INTERNAL only as `internal error: ...`.
-pub fn reason(status: &Status) -> Option<String> {
+pub(super) fn reason(status: &Status) -> Option<String> {
     let message = status.message();
     match status.code() {
         Code::OutOfRange => {

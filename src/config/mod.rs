@@ -26,7 +26,6 @@ use crate::prm::format::Family;
 use overrides::apply_override;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 

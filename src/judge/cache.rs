@@ -8,16 +8,16 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 /// Most bytes (keys plus replies' text) one judge's cache holds.
-pub const MAX_BYTES: usize = 64 << 20;
+pub(super) const MAX_BYTES: usize = 64 << 20;
 
-pub struct ReplyCache {
+pub(super) struct ReplyCache {
     entries: LruCache<String, (Arc<Reply>, usize)>,
     bytes: usize,
     max_bytes: usize,
 }
 
 impl ReplyCache {
-    pub fn new(max_entries: NonZeroUsize, max_bytes: usize) -> Self {
+    pub(super) fn new(max_entries: NonZeroUsize, max_bytes: usize) -> Self {
         ReplyCache {
             entries: LruCache::new(max_entries),
             bytes: 0,
@@ -25,13 +25,13 @@ impl ReplyCache {
         }
     }
 
-    pub fn get(&mut self, key: &str) -> Option<Arc<Reply>> {
+    pub(super) fn get(&mut self, key: &str) -> Option<Arc<Reply>> {
         self.entries.get(key).map(|(r, _)| r.clone())
     }
 
     /// Keeps `reply` under `key`, evicting the least recently used until both bounds hold; an
     /// entry larger than the whole byte budget is not kept at all.
-    pub fn put(&mut self, key: String, reply: Arc<Reply>) {
+    pub(super) fn put(&mut self, key: String, reply: Arc<Reply>) {
         let size = key.len() + reply.text_bytes();
         if size > self.max_bytes {
             return;

@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
 /// A reply, and whether it came from the cache (then no upstream request was made).
-pub struct Fetched {
+pub(super) struct Fetched {
     pub reply: Arc<Reply>,
     pub cached: bool,
 }
 
-pub struct Caller {
+pub(super) struct Caller {
     judge: String,
     upstream: UpstreamCaller,
     cache: Option<Mutex<ReplyCache>>,
@@ -24,7 +24,7 @@ pub struct Caller {
 
 impl Caller {
     /// `cache_entries` bounds the temperature-0 response cache; 0 turns it off.
-    pub fn new(
+    pub(super) fn new(
         judge: &str,
         endpoint: Endpoint,
         policy: CallPolicy,
@@ -41,7 +41,7 @@ impl Caller {
 
     /// Sends `body`, answering from the cache when `cacheable` (deterministic sampling) and the
     /// same body was answered before. Dropping the future cancels the exchange in progress.
-    pub async fn call(
+    pub(super) async fn call(
         &self,
         body: &Value,
         cacheable: bool,

@@ -2,14 +2,14 @@
 //! OpenAI, Gemini's and DeepSeek's endpoints): the request body, and the reply read into choices
 //! and token counts. The HTTP call itself is the shared upstream module's.
 
-pub use crate::upstream::AttemptError;
+pub(crate) use crate::upstream::AttemptError;
 use crate::upstream::snippet;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 /// The sampling parameters of one judge, fixed at load.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ChatParams {
+pub(crate) struct ChatParams {
     pub model: String,
     /// `None` is omitted from the body (reasoning models refuse it).
     pub temperature: Option<f32>,
@@ -24,14 +24,14 @@ pub struct ChatParams {
 
 /// One turn of the conversation sent.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Turn {
+pub(crate) struct Turn {
     pub role: &'static str,
     pub content: String,
 }
 
 /// A reply read from the upstream: choices in `index` order, and what it says it spent.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub choices: Vec<Choice>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
@@ -39,7 +39,7 @@ pub struct Reply {
 
 impl Reply {
     /// The bytes of text it holds, for the cache's budget.
-    pub fn text_bytes(&self) -> usize {
+    pub(crate) fn text_bytes(&self) -> usize {
         self.choices
             .iter()
             .map(|c| c.content.len() + c.reasoning.as_ref().map_or(0, String::len))
@@ -48,7 +48,7 @@ impl Reply {
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Choice {
+pub(crate) struct Choice {
     pub content: String,
     /// `reasoning_content` (DeepSeek, vLLM, llama.cpp) or `reasoning` (OpenRouter, newer vLLM).
     pub reasoning: Option<String>,
@@ -57,7 +57,7 @@ pub struct Choice {
 
 /// The JSON body of a chat-completions request. `n` is sent only above 1, since some
 /// OpenAI-compatible servers refuse the field outright.
-pub fn request_body(params: &ChatParams, turns: &[Turn], n: u32) -> Value {
+pub(crate) fn request_body(params: &ChatParams, turns: &[Turn], n: u32) -> Value {
     let messages: Vec<Value> = turns
         .iter()
         .map(|t| json!({"role": t.role, "content": t.content}))
@@ -121,7 +121,7 @@ struct WireUsage {
 }
 
 /// Reads a 2xx body. Pure, so every malformed shape an upstream can send is a table test.
-pub fn read_reply(content_type: Option<&str>, body: &[u8]) -> Result<Reply, AttemptError> {
+pub(crate) fn read_reply(content_type: Option<&str>, body: &[u8]) -> Result<Reply, AttemptError> {
     if content_type.is_some_and(|c| c.starts_with("text/event-stream")) {
         return Err(AttemptError::BadResponse(
             "a chat completion: an event stream (text/event-stream) came where JSON was \

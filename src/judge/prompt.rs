@@ -33,14 +33,14 @@ pub struct TemplateKind {
 
 /// A validated template: every placeholder its kind needs is present, and none it can't fill.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Template {
+pub(crate) struct Template {
     kind: TemplateKind,
     text: String,
 }
 
 /// One template per kind: the built-ins, some of them replaced by a judge's overrides.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Templates {
+pub(crate) struct Templates {
     by_kind: [Template; 4],
 }
 
@@ -162,7 +162,7 @@ impl fmt::Display for TemplateKind {
 
 impl Template {
     /// The built-in wording for `kind` (checked by a unit test, so this can't fail at runtime).
-    pub fn builtin(kind: TemplateKind) -> Template {
+    pub(crate) fn builtin(kind: TemplateKind) -> Template {
         Template {
             kind,
             text: trim_final_newline(kind.builtin()).to_string(),
@@ -170,7 +170,11 @@ impl Template {
     }
 
     /// Validates `text` as a `kind` template; `path` only names it in errors.
-    pub fn new(kind: TemplateKind, text: &str, path: &Path) -> Result<Template, PromptError> {
+    pub(crate) fn new(
+        kind: TemplateKind,
+        text: &str,
+        path: &Path,
+    ) -> Result<Template, PromptError> {
         let used = placeholders_in(text);
         let allowed = kind.placeholders();
         if let Some(missing) = allowed.iter().find(|p| !used.contains(p)) {
@@ -197,7 +201,7 @@ impl Template {
     }
 
     /// Reads and validates an override for `kind` from `path`.
-    pub fn load(kind: TemplateKind, path: &Path) -> Result<Template, PromptError> {
+    pub(crate) fn load(kind: TemplateKind, path: &Path) -> Result<Template, PromptError> {
         let text = std::fs::read_to_string(path).map_err(|source| PromptError::Read {
             path: path.to_path_buf(),
             source,
@@ -206,14 +210,14 @@ impl Template {
     }
 
     #[cfg(test)]
-    pub fn text(&self) -> &str {
+    pub(crate) fn text(&self) -> &str {
         &self.text
     }
 
     /// The user message for `trace`, with `answer_format` for `{answer_format}`. One pass over
     /// the template, so text in the trace that looks like a placeholder (`{options}` in a
     /// question) is never expanded.
-    pub fn render(&self, trace: &Trace, answer_format: &str) -> Result<String, PromptError> {
+    pub(crate) fn render(&self, trace: &Trace, answer_format: &str) -> Result<String, PromptError> {
         let missing = |what| PromptError::MissingInput {
             kind: self.kind,
             what,
@@ -241,24 +245,24 @@ impl Template {
 }
 
 impl Templates {
-    pub fn builtin() -> Templates {
+    pub(crate) fn builtin() -> Templates {
         Templates {
             by_kind: TemplateKind::ALL.map(Template::builtin),
         }
     }
 
     /// Replaces the template of `template`'s kind.
-    pub fn set(&mut self, template: Template) {
+    pub(crate) fn set(&mut self, template: Template) {
         let i = template.kind.index();
         self.by_kind[i] = template;
     }
 
-    pub fn get(&self, kind: TemplateKind) -> &Template {
+    pub(crate) fn get(&self, kind: TemplateKind) -> &Template {
         &self.by_kind[kind.index()]
     }
 
     /// Renders `trace` with the template its shape calls for.
-    pub fn render(&self, trace: &Trace, answer_format: &str) -> Result<String, PromptError> {
+    pub(crate) fn render(&self, trace: &Trace, answer_format: &str) -> Result<String, PromptError> {
         self.get(TemplateKind::for_trace(trace))
             .render(trace, answer_format)
     }
@@ -271,7 +275,7 @@ impl Default for Templates {
 }
 
 /// Steps as ProcessBench tags them, indexed from 0, so replies index the same way the label does.
-pub fn tagged_steps<'a>(steps: impl IntoIterator<Item = &'a str>) -> String {
+pub(crate) fn tagged_steps<'a>(steps: impl IntoIterator<Item = &'a str>) -> String {
     steps
         .into_iter()
         .enumerate()
@@ -282,7 +286,7 @@ pub fn tagged_steps<'a>(steps: impl IntoIterator<Item = &'a str>) -> String {
 
 /// "(A) text" lines, lettered as `prm::format::question_text` letters them; the API caps options
 /// at 26, so letters never repeat.
-pub fn options_text(options: &[String]) -> String {
+pub(crate) fn options_text(options: &[String]) -> String {
     options
         .iter()
         .enumerate()

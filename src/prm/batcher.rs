@@ -5,7 +5,7 @@
 
 use super::format::Encoded;
 use crate::metrics;
-pub use retrace_model::{CacheStats, Row, Tokens};
+pub(super) use retrace_model::{CacheStats, Row, Tokens};
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, OnceLock};
@@ -54,7 +54,7 @@ pub struct Budget {
 
 /// A scored request: its step scores and where its time went.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Scored {
+pub(super) struct Scored {
     pub scores: Vec<f32>,
     pub tokens: Tokens,
     pub queued: Duration,
@@ -90,7 +90,7 @@ struct Pending {
 }
 
 /// The sending side, held by the evaluator; dropping it stops the thread.
-pub struct Batcher {
+pub(super) struct Batcher {
     tx: SyncSender<Pending>,
     capacity: usize,
     /// True while the model thread runs; it turns false when the thread exits, even by a panic.
@@ -180,7 +180,7 @@ impl Life<'_> {
 
 impl Batcher {
     /// Starts the model thread for `scorer`, with room for `capacity` queued requests.
-    pub fn spawn(
+    pub(super) fn spawn(
         name: &str,
         scorer: impl Scorer,
         budget: Budget,
@@ -212,22 +212,22 @@ impl Batcher {
         })
     }
 
-    pub fn alive(&self) -> bool {
+    pub(super) fn alive(&self) -> bool {
         *self.alive.borrow()
     }
 
     /// Turns false when the model thread exits.
-    pub fn health(&self) -> watch::Receiver<bool> {
+    pub(super) fn health(&self) -> watch::Receiver<bool> {
         self.alive.clone()
     }
 
     /// What a request gets once the thread is gone: why it died, if it did.
-    pub fn stopped(&self) -> BatchError {
+    pub(super) fn stopped(&self) -> BatchError {
         self.death.get().cloned().unwrap_or(BatchError::Stopped)
     }
 
     /// Queues a request without waiting: a full queue is refused at once.
-    pub fn submit(
+    pub(super) fn submit(
         &self,
         encoded: Encoded,
         deadline: Option<Instant>,

@@ -210,10 +210,6 @@ impl Formatter {
         Ok(f)
     }
 
-    pub fn family(&self) -> Family {
-        self.family
-    }
-
     /// The head this family reads.
     pub fn head_spec(&self) -> HeadSpec {
         match self.family {

@@ -198,10 +198,6 @@ impl PrmEvaluator {
             batcher,
         })
     }
-
-    pub fn folder(&self) -> &Path {
-        &self.folder
-    }
 }
 
 /// The decoder's config of a GGUF file, read from its metadata.

@@ -15,7 +15,7 @@ use super::{PrmError, encode, find_model, gguf_config};
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics;
 use crate::trace::Judgement;
-use crate::upstream::{self, AttemptError, CallError, CallPolicy, Caller, Endpoint, Raw, snippet};
+use crate::upstream::{self, AttemptError, CallError, Caller, Endpoint, Raw, snippet};
 use futures::future::BoxFuture;
 use retrace_model::{HeadSpec, ModelConfig};
 use serde::Deserialize;
@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Which endpoint, and how its reply becomes scores.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -9,20 +9,20 @@ const NAME: &str = "chat_template";
 
 /// One chat message.
 #[derive(Debug, Clone, Serialize)]
-pub struct Message {
+pub(super) struct Message {
     pub role: &'static str,
     pub content: String,
 }
 
 /// The compiled template plus the special tokens it may refer to.
-pub struct ChatTemplate {
+pub(super) struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
 }
 
 /// Reads a special token from tokenizer_config.json: a string, `{"content": ...}`, or absent.
-pub fn special_token(config: &Value, key: &str) -> Option<String> {
+pub(super) fn special_token(config: &Value, key: &str) -> Option<String> {
     match config.get(key)? {
         Value::String(s) => Some(s.clone()),
         Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
@@ -32,7 +32,7 @@ pub fn special_token(config: &Value, key: &str) -> Option<String> {
 
 impl ChatTemplate {
     /// Compiles `chat_template` from a parsed tokenizer_config.json; `None` when it has none.
-    pub fn from_config(config: &Value) -> Result<Option<ChatTemplate>, String> {
+    pub(super) fn from_config(config: &Value) -> Result<Option<ChatTemplate>, String> {
         let source = match config.get("chat_template") {
             None | Some(Value::Null) => return Ok(None),
             Some(Value::String(s)) => s.clone(),
@@ -64,7 +64,7 @@ impl ChatTemplate {
         }))
     }
 
-    pub fn render(
+    pub(super) fn render(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,

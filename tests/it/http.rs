@@ -444,3 +444,39 @@ async fn loading_is_503_and_health_says_so() {
     assert_eq!(post(&s, "/get_reward", &body).await.0, 200);
     s.stop().await.unwrap();
 }
+
+/// A reward sample's errors name the sample where the body has it: its own index in the list
+/// (not its index among the non-empty ones), and `query` alone for one sample, whose steps
+/// the body has no field for.
+#[tokio::test]
+async fn reward_errors_name_the_sample_the_body_holds() {
+    let s = fake_server("max_steps = 2", Duration::from_millis(1)).await;
+    let too_long = format!("{}one\n\ntwo\n\nthree", chatml_prompt("q"));
+    let empty = format!("{}<|im_end|>", chatml_prompt("q"));
+    let fits = format!("{}one\n\ntwo", chatml_prompt("q"));
+    let cases = [
+        (
+            json!({"query": [empty.clone(), too_long.clone()]}),
+            "query[1]",
+        ),
+        (
+            json!({"query": [fits, empty, too_long.clone()]}),
+            "query[2]",
+        ),
+        (json!({"query": too_long}), "query"),
+    ];
+    for (body, field) in cases {
+        let reply = post(&s, "/get_reward", &body).await;
+        assert_eq!(
+            error_of(&reply),
+            (400, "INVALID_ARGUMENT".into(), field.into()),
+            "{body}"
+        );
+        let message = reply.1["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("3 steps exceed this evaluator's limit of 2"),
+            "{message}"
+        );
+    }
+    s.stop().await.unwrap();
+}

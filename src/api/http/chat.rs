@@ -36,7 +36,7 @@ const END_MARKERS: [&str; 12] = [
 
 /// One sample as a trace's parts.
 #[derive(Debug, PartialEq)]
-pub struct Sample<'a> {
+pub(super) struct Sample<'a> {
     pub question: &'a str,
     pub response: &'a str,
 }
@@ -44,7 +44,7 @@ pub struct Sample<'a> {
 /// Splits a trainer's `query` (prompt + response, decoded) into the question and the response.
 /// With `prompt`, the response is what follows it in the query; without one (or when the query
 /// does not hold it), what follows the query's last assistant header. Errors say which.
-pub fn split<'a>(
+pub(super) fn split<'a>(
     query: &'a str,
     prompt: Option<&'a str>,
     from: QuestionFrom,
@@ -84,7 +84,7 @@ fn last_assistant(text: &str) -> Option<usize> {
 }
 
 /// The content of the last user turn of whichever markup `prompt` uses; `None` when it uses none.
-pub fn last_user_turn(prompt: &str) -> Option<&str> {
+pub(super) fn last_user_turn(prompt: &str) -> Option<&str> {
     let (start, end) = USER_TURNS
         .iter()
         .filter_map(|(open, end)| prompt.rfind(open).map(|at| (at + open.len(), *end)))
@@ -94,7 +94,7 @@ pub fn last_user_turn(prompt: &str) -> Option<&str> {
 }
 
 /// `response` without the end markers and whitespace it ends with, however many are stacked.
-pub fn strip_end_markers(response: &str) -> &str {
+pub(super) fn strip_end_markers(response: &str) -> &str {
     let mut s = response.trim_end();
     while let Some(marker) = END_MARKERS.iter().find(|m| s.ends_with(**m)) {
         s = s[..s.len() - marker.len()].trim_end();
