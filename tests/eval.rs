@@ -100,7 +100,7 @@ fn a_known_mix_gives_exact_numbers() {
     let mut f1s = Vec::new();
     // (error traces, hit, correct traces, hit), as run_eval.py's formula gives them.
     let pinned = [
-        (20, 8, 12, 8),
+        (20, 7, 12, 9),
         (20, 7, 12, 8),
         (20, 7, 12, 8),
         (20, 6, 12, 8),
@@ -135,16 +135,16 @@ fn a_known_mix_gives_exact_numbers() {
         assert_eq!(x.failed, failed);
         f1s.push(2.0 * e * c / (e + c));
     }
-    // gsm8k by run_eval.py's formula: 40.0, 66.666666..., F1 50 (49.99999999999999 in f64)
+    // gsm8k by run_eval.py's formula: 35.0, 75.0, F1 47.727272...
     let gsm = Summary::of(
         labels("gsm8k")
             .iter()
             .enumerate()
             .map(|(i, &x)| ("gsm8k", x, [Some(x), Some(-1), None][i % 3])),
     );
-    close(gsm.splits[0].f1, 49.99999999999999);
+    close(gsm.splits[0].f1, 47.72727272727273);
     let mean = f1s.iter().sum::<f64>() / 4.0;
-    assert!((mean - 45.79564725833804).abs() < 1e-9, "{mean}");
+    assert!((mean - 45.22746544015622).abs() < 1e-9, "{mean}");
 }
 
 fn trace(split: &str, label: i32, scores: &[f32]) -> ScoredTrace {
