@@ -10,8 +10,6 @@ repo's target/debug/retrace) on the repo's tiny fixture PRM and a judge backed b
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -81,22 +79,15 @@ def tight_server(binary, fake_judge):
 
 
 @pytest.fixture(scope="session")
-def tls_files(tmp_path_factory):
-    if not shutil.which("openssl"):
-        pytest.skip("openssl is not installed, so no certificate can be made")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )
-    return cert, key
+def tls_files():
+    # The repository's test CA and its leaf for localhost and 127.0.0.1 (scripts/fixtures/make_tls.sh).
+    d = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tls"
+    return d / "cert.pem", d / "key.pem", d / "ca.pem"
 
 
 @pytest.fixture(scope="session")
 def tls_server(binary, tls_files):
-    cert, key = tls_files
+    cert, key, ca = tls_files
     extra = f'tls_cert = "{cert}"\ntls_key = "{key}"'
-    with LocalServer(PRM, binary=binary, server_extra=extra, root_certificates=cert.read_bytes()) as s:
+    with LocalServer(PRM, binary=binary, server_extra=extra, root_certificates=ca.read_bytes()) as s:
         yield s
