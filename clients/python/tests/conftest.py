@@ -4,7 +4,7 @@ repo's target/debug/retrace) on the repo's tiny fixture PRM and a judge backed b
 - server: evaluators "tiny" (prm, the default) and "judge"
 - auth_server: "tiny" behind bearer tokens read from auth_tokens_env
 - tight_server: "judge" with max_in_flight = 1, to provoke RESOURCE_EXHAUSTED
-- tls_server: "tiny" over TLS with a self-signed certificate for 127.0.0.1
+- tls_server: "tiny" over TLS with the repository's test certificate for 127.0.0.1 (tests/fixtures/tls)
 """
 
 from __future__ import annotations
