@@ -7,8 +7,8 @@
 # Usage: scripts/bench.sh [retrace bench flags...]
 #   e.g. scripts/bench.sh --scaling --out docs/bench.md   (the README's table and plot)
 #        scripts/bench.sh --limit 16 --rounds 1           (a quick look)
-# Env: RETRACE_CACHE_DIR (default ~/.cache/retrace), CARGO_TARGET_DIR, RETRACE_PROCESSBENCH_DIR (the full
-# ProcessBench set; required).
+# Env: RETRACE_CACHE_DIR (default ~/.cache/retrace), CARGO_TARGET_DIR, RETRACE_PROCESSBENCH_DIR
+# (the full ProcessBench set; required).
 # Idempotent: every step is skipped when its output is already there.
 set -euo pipefail
 
