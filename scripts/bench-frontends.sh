@@ -7,13 +7,15 @@
 #
 # Usage: scripts/bench-frontends.sh [bench_frontends.py flags...]
 #   e.g. scripts/bench-frontends.sh --limit 64 --rounds 3 --out docs/bench-frontends.md
-# Env: RETRACE_CACHE_DIR, CARGO_TARGET_DIR, PROCESSBENCH_DIR.
+# Env: RETRACE_CACHE_DIR, CARGO_TARGET_DIR, RETRACE_PROCESSBENCH_DIR (the full
+# ProcessBench set; required).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
-DATA="${PROCESSBENCH_DIR:-$ROOT/../shared/data/processbench}/gsm8k.json"
-[ -f "$DATA" ] || DATA=/work/shared/data/processbench/gsm8k.json
+source scripts/processbench.sh
+DATA="$(pb_full "bench-frontends.sh scores up to 64 gsm8k traces")" || exit 1
+DATA="$DATA/gsm8k.json"
 
 scripts/fetch-smollm2.sh
 scripts/setup-python.sh

@@ -7,7 +7,8 @@
 # Usage: scripts/bench.sh [retrace bench flags...]
 #   e.g. scripts/bench.sh --scaling --out docs/bench.md   (the README's table and plot)
 #        scripts/bench.sh --limit 16 --rounds 1           (a quick look)
-# Env: RETRACE_CACHE_DIR (default ~/.cache/retrace), CARGO_TARGET_DIR, PROCESSBENCH_DIR.
+# Env: RETRACE_CACHE_DIR (default ~/.cache/retrace), CARGO_TARGET_DIR, RETRACE_PROCESSBENCH_DIR
+# (the full ProcessBench set; required).
 # Idempotent: every step is skipped when its output is already there.
 set -euo pipefail
 
@@ -16,8 +17,9 @@ cd "$ROOT"
 CACHE="${RETRACE_CACHE_DIR:-$HOME/.cache/retrace}"
 GGUF_Q="$CACHE/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_F32="$CACHE/bench/SmolLM2-135M-Instruct.f32.gguf"
-DATA="${PROCESSBENCH_DIR:-$ROOT/../shared/data/processbench}/gsm8k.json"
-[ -f "$DATA" ] || DATA=/work/shared/data/processbench/gsm8k.json
+source scripts/processbench.sh
+DATA="$(pb_full "bench.sh scores 64 gsm8k traces by default and walks math and olympiadbench")" || exit 1
+DATA="$DATA/gsm8k.json"
 
 scripts/fetch-smollm2.sh --f32
 scripts/fetch-llama-server.sh

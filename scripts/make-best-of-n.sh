@@ -3,12 +3,16 @@
 # starts llama-server (scripts/fetch-llama-server.sh builds it) on SmolLM2-135M-Instruct's Q4_1
 # GGUF (scripts/fetch-smollm2.sh fetches it) and samples candidates (scripts/make_best_of_n.py).
 # Takes a few minutes on two cores. Usage: scripts/make-best-of-n.sh [make_best_of_n.py flags]
+# Env: RETRACE_CACHE_DIR; RETRACE_PROCESSBENCH_DIR (the full ProcessBench set; unset, the
+# committed subset tests/fixtures/processbench, which gives the same few-shot prompt and questions
+# at make_best_of_n.py's defaults, --shots 4 and --questions 6 (up to 12)).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 CACHE="${RETRACE_CACHE_DIR:-$HOME/.cache/retrace}"
-DATA="${PROCESSBENCH_DIR:-$ROOT/../shared/data/processbench}/gsm8k.json"
-[ -f "$DATA" ] || DATA=/work/shared/data/processbench/gsm8k.json
+source scripts/processbench.sh
+DATA="$(pb_dir)" || exit 1
+DATA="$DATA/gsm8k.json"
 scripts/setup-python.sh
 scripts/fetch-smollm2.sh
 scripts/fetch-llama-server.sh

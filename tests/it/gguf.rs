@@ -37,15 +37,17 @@ fn the_tokenizer_rebuilt_from_the_gguf_formats_like_the_converted_folder() {
     let from_gguf = Formatter::load(Family::ChatLm, &smollm2_gguf()).unwrap();
     let from_folder = Formatter::load(Family::ChatLm, &folder).unwrap();
     let mut n = 0;
+    // Every trace of the committed subset (32 a split, chosen to carry nearly every character
+    // of the full split; tests/fixtures/processbench/README.md).
     for split in ["gsm8k", "math", "olympiadbench"] {
-        for b in traces(split).iter().take(150) {
+        for b in traces(split).iter() {
             let trace = Trace::of_steps(&b.problem, &b.steps);
             let (a, want) = (from_gguf.encode(&trace), from_folder.encode(&trace));
             assert_eq!(a, want, "{}", b.id);
             n += 1;
         }
     }
-    assert_eq!(n, 450);
+    assert_eq!(n, 96);
 }
 
 /// P('+') against P('-') for each step, from llama-server's chat completions: the conversation

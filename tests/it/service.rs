@@ -649,81 +649,13 @@ async fn bearer_auth_guards_the_evaluator_but_not_health() {
 
 #[tokio::test]
 async fn tls_serves_with_the_configured_certificate() {
-    let dir = std::env::temp_dir().join(format!("retrace-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // A test CA and a leaf for localhost (scripts/fixtures/make_tls.sh, valid until 2126).
+    let dir = std::path::Path::new(crate::common::REPO).join("tests/fixtures/tls");
     let (cert, key, ca) = (
         dir.join("cert.pem"),
         dir.join("key.pem"),
         dir.join("ca.pem"),
     );
-    // A CA and a leaf for localhost: rustls refuses a CA certificate used as the server's own.
-    std::fs::write(
-        dir.join("leaf.ext"),
-        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n",
-    )
-    .unwrap();
-    let steps: [&[&str]; 3] = [
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=retrace test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ],
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "leaf.csr",
-        ],
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "leaf.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "leaf.ext",
-            "-out",
-            "cert.pem",
-        ],
-    ];
-    for args in steps {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(&dir)
-            .output()
-            .expect("openssl is installed");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
     let extra = format!(
         "tls_cert = {:?}\ntls_key = {:?}",
         cert.display().to_string(),
@@ -780,5 +712,4 @@ async fn tls_serves_with_the_configured_certificate() {
     let r: Result<_, Box<dyn std::error::Error>> = attempt.await;
     assert!(r.is_err());
     s.stop().await.unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -4,14 +4,12 @@ repo's target/debug/retrace) on the repo's tiny fixture PRM and a judge backed b
 - server: evaluators "tiny" (prm, the default) and "judge"
 - auth_server: "tiny" behind bearer tokens read from auth_tokens_env
 - tight_server: "judge" with max_in_flight = 1, to provoke RESOURCE_EXHAUSTED
-- tls_server: "tiny" over TLS with a self-signed certificate for 127.0.0.1
+- tls_server: "tiny" over TLS with the repository's test certificate for 127.0.0.1 (tests/fixtures/tls)
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -81,22 +79,15 @@ def tight_server(binary, fake_judge):
 
 
 @pytest.fixture(scope="session")
-def tls_files(tmp_path_factory):
-    if not shutil.which("openssl"):
-        pytest.skip("openssl is not installed, so no certificate can be made")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )
-    return cert, key
+def tls_files():
+    # The repository's test CA and its leaf for localhost and 127.0.0.1 (scripts/fixtures/make_tls.sh).
+    d = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tls"
+    return d / "cert.pem", d / "key.pem", d / "ca.pem"
 
 
 @pytest.fixture(scope="session")
 def tls_server(binary, tls_files):
-    cert, key = tls_files
+    cert, key, ca = tls_files
     extra = f'tls_cert = "{cert}"\ntls_key = "{key}"'
-    with LocalServer(PRM, binary=binary, server_extra=extra, root_certificates=cert.read_bytes()) as s:
+    with LocalServer(PRM, binary=binary, server_extra=extra, root_certificates=ca.read_bytes()) as s:
         yield s

@@ -188,11 +188,11 @@ async def test_async_bearer_token(auth_server, monkeypatch):
 
 
 def test_tls(tls_server, tls_files):
-    cert, _ = tls_files
-    with Client(tls_server.address, root_certificates=str(cert)) as c:
+    _, _, ca = tls_files
+    with Client(tls_server.address, root_certificates=str(ca)) as c:
         assert c.health()
         assert isinstance(c.evaluate(QUESTION, STEPS), Verdict)
-    # Without the self-signed root the certificate is not trusted; plaintext is refused.
+    # Without the test CA the certificate is not trusted; plaintext is refused.
     with Client(tls_server.address, tls=True, retries=0, timeout=5) as c, pytest.raises(Unavailable):
         c.evaluate(QUESTION, STEPS)
     with Client(tls_server.address, retries=0, timeout=5) as c, pytest.raises(Unavailable):
@@ -200,8 +200,8 @@ def test_tls(tls_server, tls_files):
 
 
 async def test_async_tls(tls_server, tls_files):
-    cert, _ = tls_files
-    async with AsyncClient(tls_server.address, root_certificates=cert.read_bytes()) as c:
+    _, _, ca = tls_files
+    async with AsyncClient(tls_server.address, root_certificates=ca.read_bytes()) as c:
         assert isinstance(await c.evaluate(QUESTION, STEPS), Verdict)
 
 

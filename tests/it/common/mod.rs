@@ -361,24 +361,16 @@ pub async fn spawn_retrace_on(
     )
 }
 
-/// A ProcessBench split's JSON file: `$RETRACE_PROCESSBENCH_DIR`, else `shared/` beside the clone,
-/// else the workplace copy.
+/// A ProcessBench split's JSON file: the committed subset under tests/fixtures/processbench (32
+/// traces per split; its README says which and how scripts/fixtures/processbench_subset.py
+/// regenerates it from the full set).
 pub fn processbench(split: &str) -> std::path::PathBuf {
-    let dir = std::env::var_os("RETRACE_PROCESSBENCH_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::path::Path::new(crate::common::REPO).join("../shared/data/processbench")
-        });
-    // A clone elsewhere than beside shared/ still finds the workplace copy.
-    let dir = if dir.is_dir() {
-        dir
-    } else {
-        std::path::PathBuf::from("/work/shared/data/processbench")
-    };
-    let path = dir.join(format!("{split}.json"));
+    let path = std::path::Path::new(REPO)
+        .join("tests/fixtures/processbench")
+        .join(format!("{split}.json"));
     assert!(
         path.is_file(),
-        "ProcessBench data missing at {} (set RETRACE_PROCESSBENCH_DIR)",
+        "ProcessBench fixture missing at {}",
         path.display()
     );
     path

@@ -41,8 +41,10 @@ pub struct BenchOptions {
     /// and `rl-burst`; scripts/make-best-of-n.sh regenerates it.
     #[arg(long, default_value = "bench/best-of-n.jsonl")]
     pub bon_data: PathBuf,
-    /// ProcessBench-shaped traces to score (JSON array or JSONL).
-    #[arg(long, default_value = "../shared/data/processbench/gsm8k.json")]
+    /// ProcessBench-shaped traces to score (JSON array or JSONL): gsm8k.json of the full
+    /// ProcessBench set (Qwen/ProcessBench on Hugging Face, four JSON splits; scripts/bench.sh
+    /// passes $RETRACE_PROCESSBENCH_DIR/gsm8k.json); tests/fixtures/processbench is a subset.
+    #[arg(long)]
     pub data: PathBuf,
     /// Score the first N traces of --data (of each tree split for `tree`).
     #[arg(long, default_value_t = 64)]
