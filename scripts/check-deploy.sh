@@ -68,7 +68,7 @@ mkdir -p "$WORK/rules"
 promtool check rules "$WORK/rules/rules.yaml" "$WORK/rules/queries.yaml"
 cp deploy/k8s/tests/alerts.test.yaml "$WORK/rules/"
 promtool test rules "$WORK/rules/alerts.test.yaml"
-"$PY" scripts/check_deploy.py runbooks "$WORK/cpu.yaml" README.md
+"$PY" scripts/check_deploy.py runbooks "$WORK/cpu.yaml" docs/operating.md
 
 step "retrace check-config on each overlay's config"
 [ -x "$BIN" ] || { echo "FAIL no retrace binary at $BIN (build it, or pass its path)"; exit 1; }

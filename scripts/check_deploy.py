@@ -25,6 +25,8 @@ K8S_VERSIONS = ["1.31.0", "1.37.0"]
 PROMETHEUS_SERIES = {"up"}
 
 README_HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$")
+# Where every alert's runbook_url points: a heading of docs/operating.md, as GitHub serves it.
+RUNBOOK_PREFIX = "https://github.com/retrace-project/retrace/blob/main/docs/operating.md#"
 
 
 def load_docs(path):
@@ -373,9 +375,9 @@ def cmd_runbooks(args):
     for g in rule["spec"]["groups"]:
         for r in g["rules"]:
             url = r.get("annotations", {}).get("runbook_url", "")
-            anchor = url.partition("#")[2]
+            anchor = url[len(RUNBOOK_PREFIX):] if url.startswith(RUNBOOK_PREFIX) else ""
             if not anchor or anchor not in anchors:
-                problems.append(f"alert {r['alert']}: runbook_url {url!r} names no README heading")
+                problems.append(f"alert {r['alert']}: runbook_url {url!r} names no heading of {args.readme} under {RUNBOOK_PREFIX}")
             if r["alert"] not in r["annotations"].get("description", ""):
                 problems.append(f"alert {r['alert']}: its description does not name its runbook")
             if r.get("labels", {}).get("severity") not in {"critical", "warning", "info"}:
@@ -383,7 +385,7 @@ def cmd_runbooks(args):
             if "for" not in r:
                 problems.append(f"alert {r['alert']}: no `for:`")
     fail(problems, "runbooks")
-    print("ok   every alert has a severity, a `for:`, and a runbook_url naming a README heading")
+    print(f"ok   every alert has a severity, a `for:`, and a runbook_url naming a heading of {args.readme}")
 
 
 def cmd_without_k8s_sd(args):
@@ -418,8 +420,8 @@ def main():
     a = sub.add_parser("metrics", help="compare queried metric names with a scrape")
     a.add_argument("rendered"); a.add_argument("adapter"); a.add_argument("scrape")
     a.set_defaults(run=cmd_metrics)
-    a = sub.add_parser("runbooks", help="every alert's runbook_url names a README heading")
-    a.add_argument("rendered"); a.add_argument("readme")
+    a = sub.add_parser("runbooks", help="every alert's runbook_url names a heading of docs/operating.md")
+    a.add_argument("rendered"); a.add_argument("readme", help="the runbooks' page, docs/operating.md")
     a.set_defaults(run=cmd_runbooks)
     a = sub.add_parser("without-k8s-sd", help="a Prometheus config with static targets for Kubernetes discovery")
     a.add_argument("config"); a.add_argument("out")
