@@ -7,10 +7,10 @@ use std::fmt;
 
 /// A path of keys and indices; empty is the thing itself.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct FieldPath(Vec<Segment>);
+pub struct FieldPath(Vec<Part>);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Segment {
+enum Part {
     Key(Cow<'static, str>),
     Index(usize),
 }
@@ -23,18 +23,18 @@ impl FieldPath {
 
     /// The one-key path `name`.
     pub fn key(name: impl Into<Cow<'static, str>>) -> FieldPath {
-        FieldPath(vec![Segment::Key(name.into())])
+        FieldPath(vec![Part::Key(name.into())])
     }
 
     /// This path, then the key `name`.
     pub fn then(mut self, name: impl Into<Cow<'static, str>>) -> FieldPath {
-        self.0.push(Segment::Key(name.into()));
+        self.0.push(Part::Key(name.into()));
         self
     }
 
     /// This path, then item `i` of it.
     pub fn at(mut self, i: usize) -> FieldPath {
-        self.0.push(Segment::Index(i));
+        self.0.push(Part::Index(i));
         self
     }
 
@@ -60,9 +60,9 @@ impl fmt::Display for FieldPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, segment) in self.0.iter().enumerate() {
             match segment {
-                Segment::Key(k) if i == 0 => f.write_str(k)?,
-                Segment::Key(k) => write!(f, ".{k}")?,
-                Segment::Index(n) => write!(f, "[{n}]")?,
+                Part::Key(k) if i == 0 => f.write_str(k)?,
+                Part::Key(k) => write!(f, ".{k}")?,
+                Part::Index(n) => write!(f, "[{n}]")?,
             }
         }
         Ok(())

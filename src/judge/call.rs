@@ -16,23 +16,23 @@ pub(super) struct Fetched {
     pub cached: bool,
 }
 
-pub(super) struct Caller {
+pub(super) struct CachedCaller {
     judge: String,
     upstream: UpstreamCaller,
     cache: Option<Mutex<ReplyCache>>,
 }
 
-impl Caller {
+impl CachedCaller {
     /// `cache_entries` bounds the temperature-0 response cache; 0 turns it off.
     pub(super) fn new(
         judge: &str,
         endpoint: Endpoint,
         policy: CallPolicy,
         cache_entries: usize,
-    ) -> Caller {
+    ) -> CachedCaller {
         let cache = NonZeroUsize::new(cache_entries)
             .map(|n| Mutex::new(ReplyCache::new(n, cache::MAX_BYTES)));
-        Caller {
+        CachedCaller {
             judge: judge.to_string(),
             upstream: UpstreamCaller::new(judge, &metrics::JUDGE_UPSTREAM, endpoint, policy),
             cache,

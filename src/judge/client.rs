@@ -24,7 +24,7 @@ pub(crate) struct ChatParams {
 
 /// One turn of the conversation sent.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Turn {
+pub(crate) struct ChatMessage {
     pub role: &'static str,
     pub content: String,
 }
@@ -57,7 +57,7 @@ pub(crate) struct Choice {
 
 /// The JSON body of a chat-completions request. `n` is sent only above 1, since some
 /// OpenAI-compatible servers refuse the field outright.
-pub(crate) fn request_body(params: &ChatParams, turns: &[Turn], n: u32) -> Value {
+pub(crate) fn request_body(params: &ChatParams, turns: &[ChatMessage], n: u32) -> Value {
     let messages: Vec<Value> = turns
         .iter()
         .map(|t| json!({"role": t.role, "content": t.content}))

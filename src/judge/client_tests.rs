@@ -13,8 +13,8 @@ fn params(reasoning: bool) -> ChatParams {
     }
 }
 
-fn turns() -> Vec<Turn> {
-    vec![Turn {
+fn turns() -> Vec<ChatMessage> {
+    vec![ChatMessage {
         role: "user",
         content: "judge this".into(),
     }]

@@ -4,8 +4,8 @@
 //! and turns the vote into a judgement.
 
 use super::JudgeError;
-use super::call::{Caller, Fetched};
-use super::client::{ChatParams, Choice, Turn, request_body};
+use super::call::{CachedCaller, Fetched};
+use super::client::{ChatMessage, ChatParams, Choice, request_body};
 use super::output::{self, OutputMode, UpstreamKind};
 use super::parse::{self, ParseError, Parsed, Vote};
 use super::prompt::Templates;
@@ -33,7 +33,7 @@ pub struct JudgeEvaluator {
     pub(super) upstream: UpstreamKind,
     /// Set once the upstream refused the output constraint: text mode from then on.
     pub(super) text_fallback: AtomicBool,
-    pub(super) caller: Caller,
+    pub(super) caller: CachedCaller,
 }
 
 /// One sample: the reply, what it says, the rationale to show, and whether the cache answered.
@@ -155,7 +155,7 @@ impl JudgeEvaluator {
         n_steps: usize,
         deadline: Option<Instant>,
     ) -> Result<Vec<Sample>, JudgeError> {
-        let turns = [Turn {
+        let turns = [ChatMessage {
             role: "user",
             content: prompt.to_string(),
         }];
@@ -216,15 +216,15 @@ impl JudgeEvaluator {
         let Err(error) = &sample.parsed else { return };
         let text = output::repair_prompt(mode, self.repair_prompt.as_deref(), error, n_steps);
         let turns = [
-            Turn {
+            ChatMessage {
                 role: "user",
                 content: prompt.to_string(),
             },
-            Turn {
+            ChatMessage {
                 role: "assistant",
                 content: sample.choice.content.clone(),
             },
-            Turn {
+            ChatMessage {
                 role: "user",
                 content: text,
             },
@@ -257,7 +257,7 @@ impl JudgeEvaluator {
     async fn send(
         &self,
         params: &ChatParams,
-        turns: &[Turn],
+        turns: &[ChatMessage],
         n: u32,
         shape: Shape,
         deadline: Option<Instant>,

@@ -89,7 +89,7 @@ pub fn load(
         output: config.output_mode(),
         upstream: config.upstream,
         text_fallback: AtomicBool::new(false),
-        caller: call::Caller::new(name, endpoint, policy, config.cache_entries),
+        caller: call::CachedCaller::new(name, endpoint, policy, config.cache_entries),
     })
 }
 

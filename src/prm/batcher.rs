@@ -80,11 +80,11 @@ pub enum BatchError {
     Died { evaluator: String, panic: String },
 }
 
-type Reply = oneshot::Sender<Result<Scored, BatchError>>;
+type ReplyTo = oneshot::Sender<Result<Scored, BatchError>>;
 
 struct Pending {
     encoded: Encoded,
-    reply: Reply,
+    reply: ReplyTo,
     deadline: Option<Instant>,
     enqueued: Instant,
 }

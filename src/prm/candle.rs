@@ -1,8 +1,8 @@
 //! The candle model behind the batcher's `Scorer` seam, and the device a config names.
 
 use super::batcher::{CacheStats, Row, Scorer};
+use super::config::DeviceSpec;
 use super::format::Encoded;
-use crate::config::DeviceSpec;
 use candle_core::Device;
 use retrace_model::{ModelError, PrmModel};
 

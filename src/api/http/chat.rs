@@ -36,7 +36,7 @@ const END_MARKERS: [&str; 12] = [
 
 /// One sample as a trace's parts.
 #[derive(Debug, PartialEq)]
-pub(super) struct Sample<'a> {
+pub(super) struct SampleParts<'a> {
     pub question: &'a str,
     pub response: &'a str,
 }
@@ -48,7 +48,7 @@ pub(super) fn split<'a>(
     query: &'a str,
     prompt: Option<&'a str>,
     from: QuestionFrom,
-) -> Result<Sample<'a>, String> {
+) -> Result<SampleParts<'a>, String> {
     let prompt = prompt.filter(|p| !p.trim().is_empty());
     let (prompt, response) = match prompt.and_then(|p| query.find(p).map(|at| (p, at))) {
         // The decoded query may carry a BOS the prompt string lacks: take the prompt where it is.
@@ -69,7 +69,7 @@ pub(super) fn split<'a>(
         QuestionFrom::Chat => last_user_turn(prompt).unwrap_or(prompt),
         QuestionFrom::Raw => prompt,
     };
-    Ok(Sample {
+    Ok(SampleParts {
         question: question.trim(),
         response: strip_end_markers(response),
     })
@@ -122,7 +122,7 @@ mod tests {
                 "</s>"
             };
             let query = format!("{prompt}2+3 = 5.\n\nThe answer is 5.{end}");
-            let want = Sample {
+            let want = SampleParts {
                 question: "What is 2+3?",
                 response: "2+3 = 5.\n\nThe answer is 5.",
             };
@@ -138,7 +138,7 @@ mod tests {
         let got = split("Q: 1+1?\nA: 2", Some("Q: 1+1?\nA:"), QuestionFrom::Chat).unwrap();
         assert_eq!(
             got,
-            Sample {
+            SampleParts {
                 question: "Q: 1+1?\nA:",
                 response: " 2".trim_end()
             }

@@ -38,7 +38,7 @@ pub(super) struct Samples {
 
 /// What one sample got.
 #[derive(Debug, Clone, PartialEq)]
-struct Scored {
+struct SampleReward {
     reward: f32,
     trace_score: f32,
     first_error_index: i32,
@@ -207,7 +207,7 @@ async fn score(
     samples: Samples,
     deadline: Option<Instant>,
     arrived: Instant,
-) -> Result<Vec<Scored>, EngineError> {
+) -> Result<Vec<SampleReward>, EngineError> {
     let single = samples.single;
     let mut traces = Vec::with_capacity(samples.samples.len());
     for (i, s) in samples.samples.into_iter().enumerate() {
@@ -242,7 +242,7 @@ async fn score(
         }
     }
     .into_iter();
-    let empty = Scored {
+    let empty = SampleReward {
         reward: reward.empty_reward,
         trace_score: reward.empty_reward,
         first_error_index: 0,
@@ -262,9 +262,9 @@ async fn score(
         .collect())
 }
 
-fn scored(rule: RewardRule, trace: &Trace, v: Verdict) -> Scored {
+fn scored(rule: RewardRule, trace: &Trace, v: Verdict) -> SampleReward {
     let first = v.judgement.first_error.map_or(-1, |i| i as i32);
-    Scored {
+    SampleReward {
         reward: rule.apply(v.trace_score, first, trace.steps.len()),
         trace_score: v.trace_score,
         first_error_index: first,
@@ -291,7 +291,7 @@ struct ExtraLogs<F, I, U> {
 }
 
 /// The reply: lists for a list, scalars for one string.
-fn render(scored: &[Scored], single: bool) -> Value {
+fn render(scored: &[SampleReward], single: bool) -> Value {
     let rewards: Vec<f32> = scored.iter().map(|s| s.reward).collect();
     let body = Rewards {
         scores: rewards.clone(),
@@ -364,7 +364,7 @@ mod tests {
 
     #[test]
     fn scalars_for_one_sample() {
-        let s = Scored {
+        let s = SampleReward {
             reward: 0.5,
             trace_score: 0.5,
             first_error_index: -1,
