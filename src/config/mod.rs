@@ -165,7 +165,7 @@ impl Config {
         if !sets.is_empty() {
             let mut table: toml::Table = toml::from_str(text).map_err(|e| err(e.to_string()))?;
             for o in sets {
-                apply_override(&mut table, o).map_err(&err)?;
+                apply_override(&mut table, o).map_err(|e| err(e.to_string()))?;
             }
             config = Config::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
                 let message = at_fault(&table, e.message(), None).unwrap_or(e.to_string());
@@ -175,6 +175,11 @@ impl Config {
         flags.apply(&mut config.server);
         config.source = source_name.to_string();
         config.validate()?;
+        for e in &mut config.evaluators {
+            if let KindConfig::Prm(p) = &mut e.kind {
+                *p = p.clone().resolved();
+            }
+        }
         Ok(config)
     }
 

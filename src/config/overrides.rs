@@ -1,44 +1,63 @@
-//! `--set` overrides: dotted `server.KEY=VALUE` / `reward.KEY=VALUE` / `evaluator.NAME.KEY=VALUE` applied to the TOML
-//! tree before it is deserialised, so every key can be set without editing the file.
+//! `--set` overrides: dotted `server.KEY=VALUE` / `reward.KEY=VALUE` /
+//! `evaluator.NAME.KEY=VALUE` / `evaluator.NAME.TABLE.KEY=VALUE` applied to the TOML tree before
+//! it is deserialised, so every key can be set without editing the file.
 
+use crate::rule::{Refused, refuse};
 use std::collections::BTreeMap;
 
-/// Applies `server.key=value` or `evaluator.NAME.key=value`; the value is TOML, or else a string.
-pub(super) fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), String> {
+/// Applies one override; the value is TOML, or else a string.
+pub(super) fn apply_override(table: &mut toml::Table, spec: &str) -> Result<(), Refused> {
     let (path, raw) = spec
         .split_once('=')
-        .ok_or_else(|| format!("override {spec:?} is not of the form path=value"))?;
+        .ok_or_else(|| Refused(format!("override {spec:?} is not of the form path=value")))?;
     let value = parse_value(raw.trim());
     let parts: Vec<&str> = path.trim().split('.').collect();
     match parts.as_slice() {
         [section @ ("server" | "reward"), key] => {
-            let server = table
-                .entry(*section)
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            let server = server
-                .as_table_mut()
-                .ok_or_else(|| format!("`{section}` is not a table"))?;
-            server.insert(key.to_string(), value);
+            let section = table_in(table, section)
+                .ok_or_else(|| Refused(format!("`{section}` is not a table")))?;
+            section.insert(key.to_string(), value);
             Ok(())
         }
-        ["evaluator", name, key] => {
-            let list = table
-                .get_mut("evaluator")
-                .and_then(toml::Value::as_array_mut)
-                .ok_or_else(|| format!("override {spec:?}: there is no [[evaluator]]"))?;
-            let found = list
-                .iter_mut()
-                .filter_map(toml::Value::as_table_mut)
-                .find(|t| t.get("name").and_then(toml::Value::as_str) == Some(name));
-            let t = found
-                .ok_or_else(|| format!("override {spec:?}: no evaluator is named {name:?}"))?;
-            t.insert(key.to_string(), value);
+        ["evaluator", name, keys @ ..] if (1..=2).contains(&keys.len()) => {
+            let mut t = evaluator(table, name, spec)?;
+            if let [inner, _] = keys {
+                t = table_in(t, inner).ok_or_else(|| {
+                    Refused(format!("override {spec:?}: `{inner}` is not a table"))
+                })?;
+            }
+            t.insert(keys[keys.len() - 1].to_string(), value);
             Ok(())
         }
-        _ => Err(format!(
-            "override {spec:?}: the path must be server.KEY, reward.KEY or evaluator.NAME.KEY"
+        _ => refuse(format!(
+            "override {spec:?}: the path must be server.KEY, reward.KEY, evaluator.NAME.KEY or \
+             evaluator.NAME.TABLE.KEY (e.g. evaluator.NAME.vllm.base_url)"
         )),
     }
+}
+
+/// The `[[evaluator]]` table named `name`.
+fn evaluator<'a>(
+    table: &'a mut toml::Table,
+    name: &str,
+    spec: &str,
+) -> Result<&'a mut toml::Table, Refused> {
+    let list = table
+        .get_mut("evaluator")
+        .and_then(toml::Value::as_array_mut)
+        .ok_or_else(|| Refused(format!("override {spec:?}: there is no [[evaluator]]")))?;
+    list.iter_mut()
+        .filter_map(toml::Value::as_table_mut)
+        .find(|t| t.get("name").and_then(toml::Value::as_str) == Some(name))
+        .ok_or_else(|| Refused(format!("override {spec:?}: no evaluator is named {name:?}")))
+}
+
+/// The table at `key` in `table`, made when missing; `None` when `key` holds something else.
+fn table_in<'a>(table: &'a mut toml::Table, key: &str) -> Option<&'a mut toml::Table> {
+    table
+        .entry(key)
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
 }
 
 fn parse_value(raw: &str) -> toml::Value {

@@ -232,6 +232,25 @@ fn overrides_apply_and_validate() {
         p.max_batch_tokens(),
         crate::prm::defaults::MAX_BATCH_TOKENS_CUDA
     );
+    // A key in an evaluator's own table: the vLLM server of a PRM moved to vLLM by flags alone.
+    let vllm = vec![
+        "evaluator.qwen-prm.backend=vllm".to_string(),
+        "evaluator.qwen-prm.vllm.base_url=http://gpu-0:8000".to_string(),
+    ];
+    let err = Config::parse(EXAMPLE, "t", &vllm).unwrap_err();
+    assert!(
+        err.message
+            .contains("device applies only to backend = \"candle\""),
+        "{err}"
+    );
+    let c = Config::parse(&EXAMPLE.replace("device = \"cpu\"\n", ""), "t", &vllm).unwrap();
+    let KindConfig::Prm(p) = &c.evaluators[0].kind else {
+        panic!("a prm table")
+    };
+    assert_eq!(
+        p.vllm.as_ref().unwrap().endpoint.base_url,
+        "http://gpu-0:8000"
+    );
     let err = Config::parse(EXAMPLE, "t", &["evaluator.nope.threshold=1".into()]).unwrap_err();
     assert!(
         err.message.contains("no evaluator is named \"nope\""),

@@ -187,6 +187,25 @@ impl PrmConfig {
         })
     }
 
+    /// This table with every in-process key it leaves out at the value in force, so the
+    /// resolved config says what runs (a vLLM-backed table has none to fill).
+    pub fn resolved(mut self) -> PrmConfig {
+        if self.backend == Backend::Candle {
+            let gguf = retrace_model::is_gguf(std::path::Path::new(&self.model));
+            self.candle = CandleConfig {
+                device: Some(self.device()),
+                // A GGUF file's activations are f32 whatever the device.
+                dtype: Some(if gguf { Dtype::F32 } else { self.dtype() }),
+                max_batch_tokens: Some(self.max_batch_tokens()),
+                max_batch_size: Some(self.max_batch_size()),
+                max_wait_ms: Some(self.max_wait_ms()),
+                prefix_cache_mb: Some(self.prefix_cache_mb()),
+                prefix_sharing: Some(self.prefix_sharing()),
+            };
+        }
+        self
+    }
+
     /// The rules a type can't express; each message names the key.
     pub fn check(&self) -> Result<(), Refused> {
         if self.model.trim().is_empty() {

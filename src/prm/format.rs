@@ -1,10 +1,10 @@
 //! Each PRM family's input format (docs/prm-formats.md): a trace becomes token ids plus the
 //! positions where each step's score is read. Byte-exact strings, the model's own tokenizer.
 
-use super::template::{ChatTemplate, Message, special_token};
+use super::template::{ChatTemplate, Message, TemplateError, special_token};
 use crate::trace::Trace;
 use retrace_model::HeadSpec;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
 
 /// qwen2-math-prm's system prompt, as in the model card.
@@ -100,9 +100,45 @@ impl<'de> serde::Deserialize<'de> for Family {
     }
 }
 
-fn read_json(path: &Path) -> Result<serde_json::Value, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+/// Why a formatter could not be built from a checkpoint's tokenizer files; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{}: {reason}", path.display())]
+    File { path: PathBuf, reason: String },
+    #[error("{}: {source}", path.display())]
+    Template {
+        path: PathBuf,
+        source: TemplateError,
+    },
+    #[error("{}: family {family} needs {what}", path.display())]
+    Needs {
+        path: PathBuf,
+        family: &'static str,
+        what: String,
+    },
+    #[error(transparent)]
+    Tokenize(#[from] TokenizeError),
+}
+
+/// The tokenizer refused a text, or encoded it to nothing.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TokenizeError {
+    #[error("tokenizing: {0}")]
+    Failed(String),
+    #[error("the tokenizer encodes {0:?} to nothing")]
+    Empty(String),
+}
+
+fn file_error(path: &Path, reason: impl ToString) -> LoadError {
+    LoadError::File {
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    }
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|e| file_error(path, e))?;
+    serde_json::from_str(&text).map_err(|e| file_error(path, e))
 }
 
 /// The question as every family sees it: options appended as "(A) text" lines.
@@ -121,32 +157,32 @@ pub fn question_text(trace: &Trace) -> String {
 impl Formatter {
     /// Reads `tokenizer.json` and `tokenizer_config.json` from `folder`; for a `.gguf` file, from
     /// beside it, or else rebuilt from the file's own vocabulary and metadata.
-    pub fn load(family: Family, folder: &Path) -> Result<Formatter, String> {
+    pub fn load(family: Family, folder: &Path) -> Result<Formatter, LoadError> {
         if retrace_model::is_gguf(folder) {
             return Self::load_gguf(family, folder);
         }
         let tokenizer_path = folder.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| format!("{}: {e}", tokenizer_path.display()))?;
+        let tokenizer =
+            Tokenizer::from_file(&tokenizer_path).map_err(|e| file_error(&tokenizer_path, e))?;
         let config_path = folder.join("tokenizer_config.json");
         let config = read_json(&config_path)?;
         Self::from_parts(family, tokenizer, &tokenizer_path, config, &config_path)
     }
 
-    fn load_gguf(family: Family, path: &Path) -> Result<Formatter, String> {
+    fn load_gguf(family: Family, path: &Path) -> Result<Formatter, LoadError> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let (tokenizer_path, config_path) = (
             dir.join("tokenizer.json"),
             dir.join("tokenizer_config.json"),
         );
-        let gguf = retrace_model::Gguf::open(path).map_err(|e| e.to_string())?;
+        let gguf = retrace_model::Gguf::open(path).map_err(|e| file_error(path, e))?;
         let tokenizer = if tokenizer_path.is_file() {
-            Tokenizer::from_file(&tokenizer_path)
-                .map_err(|e| format!("{}: {e}", tokenizer_path.display()))?
+            Tokenizer::from_file(&tokenizer_path).map_err(|e| file_error(&tokenizer_path, e))?
         } else {
-            gguf.tokenizer_json()?
+            gguf.tokenizer_json()
+                .map_err(|e| file_error(path, e))?
                 .parse::<Tokenizer>()
-                .map_err(|e| format!("{}: rebuilding its tokenizer: {e}", path.display()))?
+                .map_err(|e| file_error(path, format!("rebuilding its tokenizer: {e}")))?
         };
         let (config, config_path) = if config_path.is_file() {
             (read_json(&config_path)?, config_path)
@@ -166,26 +202,27 @@ impl Formatter {
         tokenizer_path: &Path,
         config: serde_json::Value,
         config_path: &Path,
-    ) -> Result<Formatter, String> {
-        let template = ChatTemplate::from_config(&config)
-            .map_err(|e| format!("{}: {e}", config_path.display()))?;
+    ) -> Result<Formatter, LoadError> {
+        let template =
+            ChatTemplate::from_config(&config).map_err(|source| LoadError::Template {
+                path: config_path.to_path_buf(),
+                source,
+            })?;
         let needs_template = matches!(
             family,
             Family::QwenMathPrm | Family::Rlhflow | Family::ChatLm
         );
+        let needs = |what: &str| LoadError::Needs {
+            path: config_path.to_path_buf(),
+            family: family.as_str(),
+            what: what.to_string(),
+        };
         if needs_template && template.is_none() {
-            return Err(format!(
-                "{}: family {} needs a chat_template",
-                config_path.display(),
-                family.as_str()
-            ));
+            return Err(needs("a chat_template"));
         }
         let bos_token = special_token(&config, "bos_token");
         if family == Family::Skywork && bos_token.is_none() {
-            return Err(format!(
-                "{}: family skywork-prm needs a bos_token",
-                config_path.display()
-            ));
+            return Err(needs("a bos_token"));
         }
         let mut f = Formatter {
             family,
@@ -202,7 +239,7 @@ impl Formatter {
             Family::QwenMathPrm => f
                 .tokenizer
                 .token_to_id(QWEN_STEP_TAG)
-                .ok_or_else(|| format!("{}: no {QWEN_STEP_TAG} token", tokenizer_path.display()))?,
+                .ok_or_else(|| file_error(tokenizer_path, format!("no {QWEN_STEP_TAG} token")))?,
             Family::Skywork => f.last_id("\n", false)?,
             Family::MathShepherd => f.last_id(SHEPHERD_STEP_TAG, true)?,
             Family::Rlhflow | Family::ChatLm => 0,
@@ -222,18 +259,18 @@ impl Formatter {
         }
     }
 
-    fn encode_ids(&self, text: &str, special: bool) -> Result<Vec<u32>, String> {
+    fn encode_ids(&self, text: &str, special: bool) -> Result<Vec<u32>, TokenizeError> {
         self.tokenizer
             .encode(text, special)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| format!("tokenizing: {e}"))
+            .map_err(|e| TokenizeError::Failed(e.to_string()))
     }
 
-    fn last_id(&self, text: &str, special: bool) -> Result<u32, String> {
+    fn last_id(&self, text: &str, special: bool) -> Result<u32, TokenizeError> {
         self.encode_ids(text, special)?
             .last()
             .copied()
-            .ok_or_else(|| format!("the tokenizer encodes {text:?} to nothing"))
+            .ok_or_else(|| TokenizeError::Empty(text.to_string()))
     }
 
     /// Formats a trace into ids and one read position per step.
@@ -291,8 +328,10 @@ impl Formatter {
         let text = self
             .template()
             .render(&messages, false)
-            .map_err(FormatError::Trace)?;
-        let ids = self.encode_ids(&text, false).map_err(FormatError::Trace)?;
+            .map_err(|e| FormatError::Trace(e.to_string()))?;
+        let ids = self
+            .encode_ids(&text, false)
+            .map_err(|e| FormatError::Trace(e.to_string()))?;
         self.tagged(ids, steps.len())
     }
 
@@ -300,12 +339,13 @@ impl Formatter {
         let bos = self.bos_token.as_deref().unwrap_or_default();
         let mut ids = self
             .encode_ids(&format!("{bos}{q}\n"), false)
-            .map_err(FormatError::Trace)?;
+            .map_err(|e| FormatError::Trace(e.to_string()))?;
         let mut positions = Vec::with_capacity(steps.len());
         for (i, s) in steps.iter().enumerate() {
-            let step_ids = self
-                .encode_ids(s, false)
-                .map_err(|message| FormatError::Step { step: i, message })?;
+            let step_ids = self.encode_ids(s, false).map_err(|e| FormatError::Step {
+                step: i,
+                message: e.to_string(),
+            })?;
             ids.extend(step_ids);
             positions.push(ids.len());
             ids.push(self.tag_id);
@@ -320,7 +360,9 @@ impl Formatter {
             .map(|s| format!("{s} {SHEPHERD_STEP_TAG}"))
             .collect();
         let text = format!("{q} {}", body.join("\n"));
-        let ids = self.encode_ids(&text, true).map_err(FormatError::Trace)?;
+        let ids = self
+            .encode_ids(&text, true)
+            .map_err(|e| FormatError::Trace(e.to_string()))?;
         self.tagged(ids, steps.len())
     }
 
@@ -373,7 +415,7 @@ impl Formatter {
         let rendered = self
             .template()
             .render(messages, false)
-            .map_err(FormatError::Trace)?;
+            .map_err(|e| FormatError::Trace(e.to_string()))?;
         let mut text = String::with_capacity(rendered.len());
         let mut plus_at = Vec::with_capacity(steps);
         for (i, piece) in rendered.split(SENTINEL).enumerate() {

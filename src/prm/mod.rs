@@ -123,17 +123,17 @@ impl PrmEvaluator {
     ) -> Result<PrmEvaluator, PrmError> {
         let fail = PrmError::load(name);
         let folder = find_model(
+            name,
             &cfg.model,
             "for the embedded default, run scripts/fetch-smollm2.sh",
-        )
-        .map_err(fail)?;
+        )?;
         let device = candle::device(cfg.device()).map_err(|e| fail(e.to_string()))?;
         let dtype = match cfg.dtype() {
             Dtype::F32 => DType::F32,
             Dtype::Bf16 => DType::BF16,
             Dtype::F16 => DType::F16,
         };
-        let formatter = Formatter::load(cfg.family, &folder).map_err(fail)?;
+        let formatter = Formatter::load(cfg.family, &folder).map_err(|e| fail(e.to_string()))?;
         let model = PrmModel::load(&folder, formatter.head_spec(), &device, dtype)
             .map_err(|e: ModelError| fail(e.to_string()))?
             .with_reuse(Reuse {
@@ -159,7 +159,7 @@ impl PrmEvaluator {
         let fail = PrmError::load(name);
         let folder = resolve_model(&cfg.model, Env::process().hf_hub_cache().as_deref())
             .ok_or_else(|| fail(format!("model folder {} does not exist", cfg.model)))?;
-        let formatter = Formatter::load(cfg.family, &folder).map_err(fail)?;
+        let formatter = Formatter::load(cfg.family, &folder).map_err(|e| fail(e.to_string()))?;
         Self::assemble(
             name,
             max_concurrency,
@@ -200,13 +200,6 @@ impl PrmEvaluator {
     }
 }
 
-/// The decoder's config of a GGUF file, read from its metadata.
-pub(crate) fn gguf_config(path: &Path) -> Result<retrace_model::ModelConfig, String> {
-    retrace_model::Gguf::open(path)
-        .and_then(|g| g.config())
-        .map_err(|e| e.to_string())
-}
-
 /// Formats and tokenizes `trace` off the runtime (a long trace takes milliseconds), timed as
 /// the tokenize stage, and refuses it past `limit` tokens: both backends' first step.
 async fn encode(
@@ -232,13 +225,14 @@ async fn encode(
     Ok(encoded)
 }
 
-/// `resolve_model`, or the message that says where `model` was looked for, ending in `hint`.
-fn find_model(model: &str, hint: &str) -> Result<PathBuf, String> {
+/// `resolve_model`, or the load error of evaluator `name` that says where `model` was looked
+/// for, ending in `hint`.
+fn find_model(name: &str, model: &str, hint: &str) -> Result<PathBuf, PrmError> {
     resolve_model(model, Env::process().hf_hub_cache().as_deref()).ok_or_else(|| {
-        format!(
+        PrmError::load(name)(format!(
             "model {model} does not exist as a folder or .gguf file and is not a model id in the \
              Hugging Face cache ({hint})"
-        )
+        ))
     })
 }
 

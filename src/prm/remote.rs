@@ -11,7 +11,7 @@
 
 use super::config::{PrmConfig, VllmConfig};
 use super::format::{Encoded, Family, Formatter};
-use super::{PrmError, encode, find_model, gguf_config};
+use super::{PrmError, encode, find_model};
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics;
 use crate::trace::Judgement;
@@ -55,11 +55,11 @@ impl RemotePrm {
     ) -> Result<RemotePrm, PrmError> {
         let fail = PrmError::load(name);
         let folder = find_model(
+            name,
             &cfg.model,
             "with backend = \"vllm\" it holds the tokenizer retrace formats with",
-        )
-        .map_err(fail)?;
-        let formatter = Formatter::load(cfg.family, &folder).map_err(fail)?;
+        )?;
+        let formatter = Formatter::load(cfg.family, &folder).map_err(|e| fail(e.to_string()))?;
         let route = match cfg.family {
             Family::QwenMathPrm => Route::Pooling,
             Family::Skywork => {
@@ -118,7 +118,7 @@ impl RemotePrm {
 /// GGUF's metadata); `None` when the files don't say.
 fn max_positions(model_path: &Path) -> Option<usize> {
     let config = if retrace_model::is_gguf(model_path) {
-        gguf_config(model_path).ok()?
+        retrace_model::Gguf::open(model_path).ok()?.config().ok()?
     } else {
         let text = std::fs::read_to_string(model_path.join("config.json")).ok()?;
         ModelConfig::from_json(&text).ok()?

@@ -30,9 +30,22 @@ pub(super) fn special_token(config: &Value, key: &str) -> Option<String> {
     }
 }
 
+/// Why a chat template could not be compiled or rendered.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("chat_template is a list without a \"default\" entry")]
+    NoDefault,
+    #[error("chat_template is neither a string nor a list")]
+    NotATemplate,
+    #[error("chat_template does not compile: {0}")]
+    Compile(String),
+    #[error("rendering the chat template: {0}")]
+    Render(String),
+}
+
 impl ChatTemplate {
     /// Compiles `chat_template` from a parsed tokenizer_config.json; `None` when it has none.
-    pub(super) fn from_config(config: &Value) -> Result<Option<ChatTemplate>, String> {
+    pub(super) fn from_config(config: &Value) -> Result<Option<ChatTemplate>, TemplateError> {
         let source = match config.get("chat_template") {
             None | Some(Value::Null) => return Ok(None),
             Some(Value::String(s)) => s.clone(),
@@ -41,9 +54,9 @@ impl ChatTemplate {
                 .iter()
                 .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
                 .and_then(|t| t.get("template")?.as_str())
-                .ok_or("chat_template is a list without a \"default\" entry")?
+                .ok_or(TemplateError::NoDefault)?
                 .to_string(),
-            Some(_) => return Err("chat_template is neither a string nor a list".into()),
+            Some(_) => return Err(TemplateError::NotATemplate),
         };
         let mut env = Environment::new();
         env.set_trim_blocks(true);
@@ -56,7 +69,7 @@ impl ChatTemplate {
             },
         );
         env.add_template_owned(NAME, source)
-            .map_err(|e| format!("chat_template does not compile: {e}"))?;
+            .map_err(|e| TemplateError::Compile(e.to_string()))?;
         Ok(Some(ChatTemplate {
             env,
             bos_token: special_token(config, "bos_token").unwrap_or_default(),
@@ -68,8 +81,11 @@ impl ChatTemplate {
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
-    ) -> Result<String, String> {
-        let template = self.env.get_template(NAME).map_err(|e| e.to_string())?;
+    ) -> Result<String, TemplateError> {
+        let template = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| TemplateError::Render(e.to_string()))?;
         template
             .render(context! {
                 messages => messages,
@@ -77,7 +93,7 @@ impl ChatTemplate {
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
             })
-            .map_err(|e| format!("rendering the chat template: {e:#}"))
+            .map_err(|e| TemplateError::Render(format!("{e:#}")))
     }
 }
 
@@ -128,7 +144,7 @@ mod tests {
                 false,
             )
             .unwrap_err();
-        assert!(err.contains("no x"), "{err}");
+        assert!(err.to_string().contains("no x"), "{err}");
     }
 
     #[test]

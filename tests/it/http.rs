@@ -20,11 +20,12 @@ fn chatml_prompt(question: &str) -> String {
     format!("{SYSTEM}<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
 }
 
-/// A server hosting the committed tiny Qwen2.5-Math-PRM-shaped model, loaded for real.
-async fn tiny_prm_server(server_extra: &str, extra: &str) -> TestServer {
+/// A server hosting the committed tiny Qwen2.5-Math-PRM-shaped model, loaded for real, as the
+/// evaluator `name` (a test that reads its metrics gives a name no other test uses).
+async fn tiny_prm_server(name: &str, extra: &str) -> TestServer {
     let model = Path::new(crate::common::REPO).join("tests/fixtures/tiny/qwen2-math-prm");
     let text = format!(
-        "[server]\n{server_extra}\n[[evaluator]]\nname = \"tiny\"\nkind = \"prm\"\n\
+        "[[evaluator]]\nname = \"{name}\"\nkind = \"prm\"\n\
          family = \"qwen2-math-prm\"\nmodel = {:?}\n{extra}",
         model.display().to_string()
     );
@@ -82,7 +83,7 @@ fn f(v: &Value) -> f32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_reward_scores_openrlhf_samples_as_grpc_scores_their_traces() {
-    let s = tiny_prm_server("", "").await;
+    let s = tiny_prm_server("tiny", "").await;
     let samples = [
         (
             "What is 2+3*4?",
@@ -151,7 +152,7 @@ async fn get_reward_scores_openrlhf_samples_as_grpc_scores_their_traces() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_single_sample_requests_is_batched() {
-    let s = tiny_prm_server("", "max_wait_ms = 50").await;
+    let s = tiny_prm_server("burst", "max_wait_ms = 50").await;
     let body = json!({
         "query": format!("{}Step one.\n\nStep two.<|im_end|>", chatml_prompt("Count to two.")),
         "prompts": chatml_prompt("Count to two."),
@@ -164,10 +165,15 @@ async fn a_burst_of_single_sample_requests_is_batched() {
     let batches = sample(
         &metrics,
         "retrace_batch_size_count",
-        &[("evaluator", "tiny")],
+        &[("evaluator", "burst")],
     )
     .unwrap();
-    let traces = sample(&metrics, "retrace_batch_size_sum", &[("evaluator", "tiny")]).unwrap();
+    let traces = sample(
+        &metrics,
+        "retrace_batch_size_sum",
+        &[("evaluator", "burst")],
+    )
+    .unwrap();
     assert_eq!(traces, 16.0);
     assert!(batches < 16.0, "16 requests ran as {batches} batches");
     let ok = sample(
@@ -175,7 +181,7 @@ async fn a_burst_of_single_sample_requests_is_batched() {
         "retrace_requests_total",
         &[
             ("rpc", "/get_reward"),
-            ("evaluator", "tiny"),
+            ("evaluator", "burst"),
             ("outcome", "ok"),
         ],
     );
@@ -185,7 +191,7 @@ async fn a_burst_of_single_sample_requests_is_batched() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_json_api_mirrors_grpc() {
-    let s = tiny_prm_server("", "").await;
+    let s = tiny_prm_server("tiny", "").await;
     let req = json!({"id": "j1", "trace": {"question": "2+2?", "steps": ["2+2 = 4.", "So 4."]}});
     let (status, got) = post(&s, "/v1/evaluate", &req).await;
     assert_eq!(status, 200, "{got}");

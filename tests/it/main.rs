@@ -1,6 +1,9 @@
-//! The integration tests, one binary: a module per area. They start real `retrace serve`
-//! processes (the binary this package builds) or the server in-process on 127.0.0.1:0, with the
-//! fakes of `common/` only where a real part can't run here.
+//! The integration tests that can share a process, one binary with a module per area. They
+//! start real `retrace serve` processes (the binary this package builds) or the server
+//! in-process on 127.0.0.1:0, with the fakes of `common/` only where a real part can't run here.
+//! `overload`, `sigterm` and `unreadable` read or change process-wide state, so each is a binary
+//! of its own. Metrics are process-wide too: a test that reads one names an evaluator no other
+//! test uses.
 
 mod bench;
 mod cli;
@@ -16,13 +19,10 @@ mod judge_output;
 mod judge_replies;
 mod judge_wire;
 mod memory;
-mod overload;
 mod prm;
 mod reliability;
 mod replicas;
 mod score;
 mod service;
-mod sigterm;
 mod smollm2;
-mod unreadable;
 mod vllm;

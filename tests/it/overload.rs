@@ -1,7 +1,8 @@
 //! Admission control: past max_in_flight, RESOURCE_EXHAUSTED at once, and the in-flight gauge
 //! moves. In its own test binary because the in-flight gauge is process-wide.
 
-use crate::common;
+#[path = "common/mod.rs"]
+mod common;
 
 use common::*;
 use retrace::api::pb;

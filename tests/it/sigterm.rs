@@ -1,7 +1,8 @@
 //! SIGTERM with requests in flight: they complete, health turns NOT_SERVING, the server returns Ok.
 //! In its own test binary because it signals its own process.
 
-use crate::common;
+#[path = "common/mod.rs"]
+mod common;
 
 use common::*;
 use std::sync::Arc;

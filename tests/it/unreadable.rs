@@ -3,7 +3,8 @@
 //! Each gets INVALID_ARGUMENT naming the request, never tonic's INTERNAL or OUT_OF_RANGE, and
 //! is counted. In its own test binary because it reads process-wide counters.
 
-use crate::common;
+#[path = "common/mod.rs"]
+mod common;
 
 use common::*;
 use http_body_util::{BodyExt, Full};

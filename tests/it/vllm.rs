@@ -96,7 +96,7 @@ async fn same_as_in_process(family: Family, remotes: &[(&str, &FakeVllm, &str)])
             evaluator,
             name,
             &format!(
-                "backend = \"vllm\"\nbase_url = \"{}\"\n{extra}",
+                "backend = \"vllm\"\n[evaluator.vllm]\nbase_url = \"{}\"\n{extra}",
                 fake.base_url()
             ),
         ));
@@ -200,7 +200,7 @@ async fn faulty(name: &str, extra: &str) -> (FakeVllm, TestServer) {
         name,
         "qwen2-math-prm",
         &format!(
-            "backend = \"vllm\"\nbase_url = \"{}/v1\"\n{extra}",
+            "backend = \"vllm\"\n[evaluator.vllm]\nbase_url = \"{}/v1\"\n{extra}",
             fake.base_url()
         ),
     )])
@@ -313,7 +313,7 @@ async fn wire_server(name: &str, up: &WireUpstream, extra: &str) -> TestServer {
     server(&[prm_table(
         name,
         "qwen2-math-prm",
-        &format!("backend = \"vllm\"\nbase_url = \"{base}\"\n{extra}"),
+        &format!("backend = \"vllm\"\n[evaluator.vllm]\nbase_url = \"{base}\"\n{extra}"),
     )])
     .await
 }

@@ -41,6 +41,21 @@ pub(super) struct SampleParts<'a> {
     pub response: &'a str,
 }
 
+/// Why a query's response can't be found.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub(super) enum SplitError {
+    #[error(
+        "holds neither its prompt nor an assistant turn of ChatML, Llama 3 or Mistral markup, so \
+         its response can't be found"
+    )]
+    NoPromptNorAssistant,
+    #[error(
+        "holds no assistant turn of ChatML, Llama 3 or Mistral markup; send `prompts` too, so \
+         the response is the query after its prompt"
+    )]
+    NoAssistant,
+}
+
 /// Splits a trainer's `query` (prompt + response, decoded) into the question and the response.
 /// With `prompt`, the response is what follows it in the query; without one (or when the query
 /// does not hold it), what follows the query's last assistant header. Errors say which.
@@ -48,19 +63,15 @@ pub(super) fn split<'a>(
     query: &'a str,
     prompt: Option<&'a str>,
     from: QuestionFrom,
-) -> Result<SampleParts<'a>, String> {
+) -> Result<SampleParts<'a>, SplitError> {
     let prompt = prompt.filter(|p| !p.trim().is_empty());
     let (prompt, response) = match prompt.and_then(|p| query.find(p).map(|at| (p, at))) {
         // The decoded query may carry a BOS the prompt string lacks: take the prompt where it is.
         Some((p, at)) => (p, &query[at + p.len()..]),
         None => {
-            let at = last_assistant(query).ok_or_else(|| match prompt {
-                Some(_) => "holds neither its prompt nor an assistant turn of ChatML, Llama 3 \
-                            or Mistral markup, so its response can't be found"
-                    .to_string(),
-                None => "holds no assistant turn of ChatML, Llama 3 or Mistral markup; send \
-                         `prompts` too, so the response is the query after its prompt"
-                    .to_string(),
+            let at = last_assistant(query).ok_or(match prompt {
+                Some(_) => SplitError::NoPromptNorAssistant,
+                None => SplitError::NoAssistant,
             })?;
             (prompt.unwrap_or(&query[..at]), &query[at..])
         }
@@ -171,8 +182,8 @@ mod tests {
     #[test]
     fn a_query_without_its_prompt_or_markup_is_refused() {
         let e = split("just text", None, QuestionFrom::Chat).unwrap_err();
-        assert!(e.contains("send `prompts`"), "{e}");
+        assert!(e.to_string().contains("send `prompts`"), "{e}");
         let e = split("just text", Some("other"), QuestionFrom::Chat).unwrap_err();
-        assert!(e.contains("neither its prompt"), "{e}");
+        assert!(e.to_string().contains("neither its prompt"), "{e}");
     }
 }

@@ -176,7 +176,7 @@ fn trace_of(
 ) -> Result<Option<Trace>, EngineError> {
     let query = sample_at("query", i, single);
     let parts = chat::split(&sample.query, sample.prompt.as_deref(), reward.question)
-        .map_err(|m| EngineError::invalid(query.clone(), m))?;
+        .map_err(|e| EngineError::invalid(query.clone(), e.to_string()))?;
     if parts.response.trim().is_empty() {
         return Ok(None);
     }

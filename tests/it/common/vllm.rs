@@ -25,7 +25,9 @@ struct ReferenceScorer {
 
 impl ReferenceScorer {
     fn load(family: Family, folder: &Path) -> Result<ReferenceScorer, String> {
-        let head = Formatter::load(family, folder)?.head_spec();
+        let head = Formatter::load(family, folder)
+            .map_err(|e| e.to_string())?
+            .head_spec();
         let model = PrmModel::load(
             folder,
             head,
