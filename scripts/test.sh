@@ -12,7 +12,7 @@ scripts/setup-python.sh
 scripts/fetch-smollm2.sh --f32
 scripts/fetch-tokenizers.sh
 scripts/fetch-llama-server.sh
-cargo test --locked --all-targets "$@"
+cargo test --locked --workspace --all-targets "$@"
 # The Python client and the examples, against the binary the line above built.
 scripts/test-python.sh
 # deploy/ (Kubernetes manifests, alerts, dashboard) through the real tools, and every metric it

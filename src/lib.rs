@@ -5,25 +5,37 @@
 //! LLM judges behind an OpenAI-compatible endpoint.
 //!
 //! # Layout
+//! The server library; beside it, `crates/retrace-model` (the pure candle model) and
+//! `crates/retrace-cli` (the `retrace` binary and its tools). From the top of the import graph
+//! down, with no cycle and no arrow upward:
 //! - `api/`: the tonic service and the HTTP/JSON edge (`api/http/`: OpenRLHF's `/get_reward`,
-//!   proto3 JSON at `/v1/...`); proto <-> domain at the edge; the one error -> status table; the
-//!   codec and the layer that answer a request tonic can't read as bad input.
+//!   proto3 JSON at `/v1/...`); proto <-> domain at the edge (`convert.rs`); the one error ->
+//!   status table (`status.rs`); the codec and the layer that answer a request tonic can't read
+//!   as bad input.
+//! - `config/`: the file, `--set` and typed flags -> one validated `Config`. It owns no kind's
+//!   keys: it composes the kinds' own structs and dispatches on `kind`, and checks the rules that
+//!   span tables (a cascade naming others).
+//! - `cascade.rs`: a PRM, then its judge when unsure; its `CascadeConfig`.
+//! - `prm/`: PRMs as evaluators: `config.rs` (its keys; a vLLM server's in `[evaluator.vllm]`),
+//!   formats per family (`format.rs`, `template.rs`), the batcher thread driving a `Scorer`
+//!   (`batcher.rs`), the candle model as one scorer (`candle.rs`); `remote.rs`, the same formats
+//!   scored by a vLLM server: an evaluator of its own rather than a scorer under the batcher,
+//!   because vLLM batches continuously and wants many requests in flight, which the batcher's
+//!   one-batch-at-a-time thread would forbid (deadlines, cancellation and the breaker are the
+//!   upstream caller's).
+//! - `judge/`: its keys (`config.rs`), prompt templates, the reply parser and vote, the
+//!   chat-completions body and reply, and the response cache.
 //! - `engine/`: the `Evaluator` trait, the registry, admission, per-evaluator gates (every caller's
-//!   path to an evaluator, a cascade's included), deadlines, readiness watches.
-//! - `prm/`: PRMs as evaluators: formats per family, the batcher thread driving a `Scorer`, the
-//!   candle model (crate `retrace-model`) as one scorer; `remote.rs`, the same formats scored by
-//!   a vLLM server.
-//! - `judge/`: prompt templates, the reply parser and vote, the chat-completions body and reply,
-//!   and the response cache.
-//! - `upstream/`: the one reliable HTTP upstream both judges and remote (vLLM) PRMs call through:
-//!   capped bodies, retries with backoff, the breaker, rate and concurrency limits, metrics.
-//! - `cascade.rs`: a PRM, then its judge when unsure.
-//! - `config/`: the file, `--set` and typed flags -> one validated `Config`, one struct per
-//!   evaluator kind (`evaluator.rs`), rules (`rules.rs`), the environment (`env.rs`).
+//!   path to an evaluator, a cascade's included), deadlines, readiness watches. It knows evaluators
+//!   by `SlotSpec`, not by config, and names fields by where each trace sits (`Origin`).
+//! - `upstream/`: the one reliable HTTP upstream judges and vLLM PRMs call through, and the keys
+//!   both spell the same way (`config.rs`): capped bodies, retries with backoff, the breaker, rate
+//!   and concurrency limits, metrics.
 //! - `health.rs`: grpc.health.v1 for the server, the Evaluator service and each evaluator.
-//! - `trace.rs` (domain types), `segment.rs` (raw text -> steps), `metrics.rs` (every metric
-//!   name once).
-//! - `fuzzing` (hidden): the private parsers opened to `fuzz/` and `tests/fuzz_props/`.
+//! - Leaves: `trace.rs` (domain types), `segment.rs` (raw text -> steps), `field.rs` (typed field
+//!   paths), `env.rs` (the one reader of the process environment, as a value), `rule.rs` (what a
+//!   config rule says when it refuses), `metrics.rs` (every metric name once).
+//! - `fuzzing` (hidden): the private parsers opened to `fuzz/` and `tests/it/fuzz_props/`.
 //!
 //! A request takes three hops: api -> engine -> evaluator. `run` is the whole server; `serve`
 //! wires its pieces: the metrics listener, the gRPC router, the HTTP router, health, and the drain

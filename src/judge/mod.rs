@@ -58,9 +58,10 @@ pub fn load(
 ) -> Result<JudgeEvaluator, EngineError> {
     let at = |message: String| EngineError::Internal(format!("evaluator {name:?}: {message}"));
     let keys = &config.endpoint;
-    let api_key = crate::upstream::api_key(keys.api_key_env.as_deref()).map_err(at)?;
+    let api_key =
+        crate::upstream::api_key(keys.api_key_env.as_deref()).map_err(|e| at(e.to_string()))?;
     let url = format!("{}/chat/completions", keys.base_url.trim_end_matches('/'));
-    let endpoint = Endpoint::new(url, api_key).map_err(at)?;
+    let endpoint = Endpoint::new(url, api_key).map_err(|e| at(e.to_string()))?;
     let extra = serde_json::to_value(&config.extra_body)
         .ok()
         .and_then(|v| v.as_object().cloned())

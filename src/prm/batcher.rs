@@ -16,11 +16,11 @@ use tokio::sync::{oneshot, watch};
 /// position of each row out, in order. The candle model is one; a quantized or a remote model
 /// fits the same seam.
 pub trait Scorer: Send + 'static {
-    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, String>;
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError>;
 
     /// `score`, with how many of each row's tokens were computed for it and how many reused
     /// (cached, or computed once for rows sharing them); by default every token is computed.
-    fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, String> {
+    fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
         Ok(self
             .score(batch)?
             .into_iter()
@@ -39,6 +39,16 @@ pub trait Scorer: Send + 'static {
     fn cache(&self) -> Option<CacheStats> {
         None
     }
+}
+
+/// Why a scorer could not score a batch.
+#[derive(Debug, thiserror::Error)]
+pub enum ScoreError {
+    #[error(transparent)]
+    Model(#[from] retrace_model::ModelError),
+    /// Another scorer's failure, in its own words.
+    #[error("{0}")]
+    Other(String),
 }
 
 /// How batches are cut.
@@ -366,7 +376,7 @@ fn score(
             return Err((why, batch));
         }
     };
-    let result = scored.and_then(|scored| {
+    let result = scored.map_err(|e| e.to_string()).and_then(|scored| {
         if scored.len() != rows.len()
             || scored
                 .iter()

@@ -70,13 +70,13 @@ struct Fake {
 }
 
 impl Scorer for Fake {
-    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, String> {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
         self.batches
             .lock()
             .unwrap()
             .push(batch.iter().map(|e| e.ids.len()).collect());
         if let Some(message) = self.fail {
-            return Err(message.into());
+            return Err(ScoreError::Other(message.into()));
         }
         let value = if self.nan { f32::NAN } else { 0.5 };
         Ok(batch
@@ -250,7 +250,7 @@ fn a_failed_or_non_finite_batch_fails_each_of_its_requests() {
 struct Panics;
 
 impl Scorer for Panics {
-    fn score(&self, _: &[&Encoded]) -> Result<Vec<Vec<f32>>, String> {
+    fn score(&self, _: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
         panic!("a bug in the model")
     }
 }
@@ -308,7 +308,7 @@ async fn a_full_queue_is_refused_at_once() {
     /// Holds the thread in its first batch until the test lets it go.
     struct Held(Mutex<std::sync::mpsc::Receiver<()>>);
     impl Scorer for Held {
-        fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, String> {
+        fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
             let _ = self.0.lock().unwrap().recv();
             Ok(batch.iter().map(|e| vec![1.0; e.positions.len()]).collect())
         }

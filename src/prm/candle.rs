@@ -1,20 +1,20 @@
 //! The candle model behind the batcher's `Scorer` seam, and the device a config names.
 
-use super::batcher::{CacheStats, Row, Scorer};
+use super::batcher::{CacheStats, Row, ScoreError, Scorer};
 use super::config::DeviceSpec;
 use super::format::Encoded;
 use candle_core::Device;
 use retrace_model::{ModelError, PrmModel};
 
 impl Scorer for PrmModel {
-    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, String> {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
         let (rows, positions) = split(batch);
-        PrmModel::score(self, &rows, &positions).map_err(|e| e.to_string())
+        Ok(PrmModel::score(self, &rows, &positions)?)
     }
 
-    fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, String> {
+    fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
         let (rows, positions) = split(batch);
-        PrmModel::score_rows(self, &rows, &positions).map_err(|e| e.to_string())
+        Ok(PrmModel::score_rows(self, &rows, &positions)?)
     }
 
     fn cache(&self) -> Option<CacheStats> {

@@ -8,7 +8,7 @@ pub mod format;
 pub mod remote;
 mod template;
 
-pub use batcher::{BatchError, Budget, Scorer, next_batch};
+pub use batcher::{BatchError, Budget, ScoreError, Scorer, next_batch};
 pub use config::{
     Backend, CandleConfig, DeviceSpec, Dtype, MOVED_TO_VLLM, PrmConfig, VllmConfig, defaults,
 };

@@ -80,14 +80,15 @@ impl RemotePrm {
             }
         };
         let keys = &vllm.endpoint;
-        let api_key = upstream::api_key(keys.api_key_env.as_deref()).map_err(fail)?;
+        let api_key =
+            upstream::api_key(keys.api_key_env.as_deref()).map_err(|e| fail(e.to_string()))?;
         let base = keys.base_url.as_str();
         let base = base.trim_end_matches('/').trim_end_matches("/v1");
         let url = match route {
             Route::Pooling => format!("{base}/pooling"),
             Route::Logprobs { .. } => format!("{base}/v1/completions"),
         };
-        let endpoint = Endpoint::new(url, api_key).map_err(fail)?;
+        let endpoint = Endpoint::new(url, api_key).map_err(|e| fail(e.to_string()))?;
         let policy = keys.policy(max_concurrency);
         Ok(RemotePrm {
             name: name.to_string(),

@@ -146,8 +146,17 @@ pub struct Endpoint {
     api_key: Option<Secret>,
 }
 
+/// Why an upstream could not be set up (before any call).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("api_key_env names {0}, which is not set")]
+    MissingKey(String),
+    #[error("cannot build the HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
 impl Endpoint {
-    pub fn new(url: String, api_key: Option<Secret>) -> Result<Endpoint, String> {
+    pub fn new(url: String, api_key: Option<Secret>) -> Result<Endpoint, SetupError> {
         Ok(Endpoint {
             http: http_client()?,
             url,
@@ -233,7 +242,7 @@ fn too_large() -> AttemptError {
 }
 
 /// The process's HTTP client settings (judges, remote PRMs, and the bench's llama-server client).
-pub fn http_client() -> Result<reqwest::Client, String> {
+pub fn http_client() -> Result<reqwest::Client, SetupError> {
     // reqwest is built without a bundled crypto provider; use ring, as tonic's TLS does, so one
     // provider serves the whole process. Installing twice is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -242,7 +251,7 @@ pub fn http_client() -> Result<reqwest::Client, String> {
         .pool_idle_timeout(Duration::from_secs(60))
         .user_agent(concat!("retrace/", env!("CARGO_PKG_VERSION")))
         .build()
-        .map_err(|e| format!("cannot build the HTTP client: {e}"))
+        .map_err(SetupError::Client)
 }
 
 /// reqwest's Display stops at "error sending request"; the cause (refused, reset) is below.

@@ -8,18 +8,20 @@ pub mod policy;
 
 pub use call::{CallError, CallPolicy, Caller};
 pub use config::{UpstreamConfig, defaults};
-pub use http::{AttemptError, Endpoint, MAX_REPLY_BYTES, Raw, error_reason, http_client, snippet};
+pub use http::{
+    AttemptError, Endpoint, MAX_REPLY_BYTES, Raw, SetupError, error_reason, http_client, snippet,
+};
 
 use crate::env::{Env, Secret};
 
 /// The API key in the environment variable `var` names, when it names one; an error when that
 /// variable is not set, so a missing key stops startup rather than failing every request.
-pub fn api_key(var: Option<&str>) -> Result<Option<Secret>, String> {
+pub fn api_key(var: Option<&str>) -> Result<Option<Secret>, SetupError> {
     match var {
         Some(var) => Env::process()
             .secret(var)
             .map(|key| Some(Secret(key)))
-            .ok_or_else(|| format!("api_key_env names {var}, which is not set")),
+            .ok_or_else(|| SetupError::MissingKey(var.to_string())),
         None => Ok(None),
     }
 }

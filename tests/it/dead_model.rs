@@ -10,7 +10,7 @@ use retrace::api::pb;
 use retrace::config::{Config, KindConfig};
 use retrace::engine::{EngineError, Evaluator};
 use retrace::prm::format::Encoded;
-use retrace::prm::{Limits, PrmEvaluator, Scorer};
+use retrace::prm::{Limits, PrmEvaluator, ScoreError, Scorer};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 use tonic::Code;
@@ -21,7 +21,7 @@ use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus}
 struct Dies(Mutex<mpsc::Receiver<()>>);
 
 impl Scorer for Dies {
-    fn score(&self, _: &[&Encoded]) -> Result<Vec<Vec<f32>>, String> {
+    fn score(&self, _: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
         let _ = self.0.lock().unwrap().recv();
         panic!("a bug in the model")
     }

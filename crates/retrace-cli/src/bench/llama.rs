@@ -64,7 +64,7 @@ impl LlamaServer {
             // Spinning OpenMP workers starve everything else on a shared machine.
             .env("OMP_WAIT_POLICY", "passive");
         let mut guard = Guard::spawn("llama-server", cmd, log)?;
-        let http = retrace::upstream::http_client().map_err(anyhow::Error::msg)?;
+        let http = retrace::upstream::http_client()?;
         let base = format!("http://127.0.0.1:{port}");
         let health = format!("{base}/health");
         wait_until(&mut guard, Duration::from_secs(120), || {

@@ -232,7 +232,7 @@ async fn start_llama(
 
 /// The server's tokens computed and reused so far.
 async fn counters(url: &str) -> anyhow::Result<(f64, f64)> {
-    let http = retrace::upstream::http_client().map_err(anyhow::Error::msg)?;
+    let http = retrace::upstream::http_client()?;
     let text = http.get(url).send().await?.text().await?;
     let read = |kind: &str| {
         let key = format!(
