@@ -35,7 +35,7 @@ pub struct Curve {
 
 /// The chosen threshold and what it scores on the calibration data.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Choice {
+pub struct ThresholdChoice {
     /// The threshold to configure: inside its interval, away from the scores that bound it.
     pub threshold: f32,
     /// Every threshold in (low, high] scores the same on the calibration data.
@@ -253,14 +253,14 @@ impl Curve {
         self.counts(split, k).f1().unwrap_or(0.0)
     }
 
-    fn choose(&self, objective: impl Fn(usize) -> f64) -> Choice {
+    fn choose(&self, objective: impl Fn(usize) -> f64) -> ThresholdChoice {
         let mut best = 0;
         for k in 1..self.len() {
             if objective(k) > objective(best) {
                 best = k;
             }
         }
-        Choice {
+        ThresholdChoice {
             threshold: self.threshold(best),
             low: (best > 0).then(|| self.cuts[best - 1]),
             high: self.cuts[best],
@@ -270,12 +270,12 @@ impl Curve {
     }
 
     /// The threshold maximising mean F1 over splits; ties go to the lowest threshold.
-    pub fn best(&self) -> Choice {
+    pub fn best(&self) -> ThresholdChoice {
         self.choose(|k| self.mean_f1(k))
     }
 
     /// Each split's own best threshold.
-    pub fn best_per_split(&self) -> Vec<(String, Choice)> {
+    pub fn best_per_split(&self) -> Vec<(String, ThresholdChoice)> {
         (0..self.splits.len())
             .map(|s| (self.splits[s].clone(), self.choose(|k| self.split_f1(s, k))))
             .collect()

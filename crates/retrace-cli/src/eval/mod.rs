@@ -25,7 +25,7 @@ mod run;
 
 pub use analysis::{Analysis, AnswerLevel, CategoryStats, GeneratorStats};
 pub(crate) use backend::EvalBackend;
-pub use calibrate::{Choice, Curve, ScoredTrace, first_below, rethreshold, sweep};
+pub use calibrate::{Curve, ScoredTrace, ThresholdChoice, first_below, rethreshold, sweep};
 pub use cli::{
     CalibrateOptions, Calibrated, ConnectOptions, EvalOptions, EvalOutcome, calibrate, eval,
 };

@@ -2,7 +2,7 @@
 //! the F1-threshold curve, gold against predicted first-error index, the category confusion.
 
 use super::analysis::Analysis;
-use super::calibrate::{Choice, Curve};
+use super::calibrate::{Curve, ThresholdChoice};
 use super::metric::Summary;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -128,7 +128,7 @@ pub(crate) fn f1_per_split(summary: &Summary) -> String {
 }
 
 /// Mean F1 (and each split's) against the threshold, with the chosen threshold marked.
-pub(crate) fn threshold_curve(curve: &Curve, choice: &Choice) -> String {
+pub(crate) fn threshold_curve(curve: &Curve, choice: &ThresholdChoice) -> String {
     let samples = curve.sampled(400);
     svg((720, 400), |root| {
         let mut chart = ChartBuilder::on(root)

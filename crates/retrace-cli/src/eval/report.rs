@@ -2,7 +2,7 @@
 //! self-contained HTML page (inline CSS and SVG, nothing fetched).
 
 use super::analysis::{Analysis, AnswerLevel, CategoryStats, GeneratorStats};
-use super::calibrate::{Choice, Curve};
+use super::calibrate::{Curve, ThresholdChoice};
 use super::metric::Summary;
 use super::plots::{self, html_escape};
 use retrace::trace::ErrorCategory;
@@ -20,9 +20,9 @@ pub struct Report {
 pub struct Calibration {
     pub evaluator: String,
     pub curve: Curve,
-    pub choice: Choice,
+    pub choice: ThresholdChoice,
     /// Each split's own best, when asked for.
-    pub per_split: Vec<(String, Choice)>,
+    pub per_split: Vec<(String, ThresholdChoice)>,
     /// The held-out set at the served threshold and at the chosen one.
     pub test: Option<(Summary, Summary)>,
 }

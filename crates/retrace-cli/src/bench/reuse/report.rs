@@ -124,12 +124,16 @@ fn rows(w: &WorkloadRuns) -> String {
     out
 }
 
+/// Whether a target the flags gave is met.
+fn mark(met: bool) -> &'static str {
+    if met { "met" } else { "MISSED" }
+}
+
 /// " (target T): met" when the flag gave a target, else nothing.
-fn verdict(target: Option<String>, met: impl FnOnce() -> bool) -> String {
-    match target {
-        Some(t) => format!(" (target {t}): {}", if met() { "met" } else { "MISSED" }),
-        None => String::new(),
-    }
+fn verdict(target: Option<f64>, shown: fn(f64) -> String, met: impl Fn(f64) -> bool) -> String {
+    target.map_or_else(String::new, |t| {
+        format!(" (target {}): {}", shown(t), mark(met(t)))
+    })
 }
 
 /// What a workload's speed-ups come to, each judged against its target when one was given.
@@ -140,34 +144,35 @@ fn speed_notes(w: &WorkloadRuns, targets: &Targets) -> Vec<String> {
         Kind::Tree | Kind::BestOfN => {
             let bound = w.bound();
             let share = (base / cache) / bound;
-            let want = targets.target_bound_percent;
-            notes.push(format!(
-                "{}: {:.0}% of the token bound ({:.2}x of {bound:.2}x){}",
+            let head = format!(
+                "{}: {:.0}% of the token bound ({:.2}x of {bound:.2}x",
                 w.kind.name(),
                 100.0 * share,
                 base / cache,
-                verdict(want.map(|t| format!("{t}%")), || 100.0 * share
-                    >= want.unwrap_or(0.0))
-            ));
+            );
+            notes.push(match targets.target_bound_percent {
+                Some(t) => format!("{head}; target {t}%): {}", mark(100.0 * share >= t)),
+                None => format!("{head})"),
+            });
             if w.kind == Kind::Tree && !w.of(Who::Llama).is_empty() {
                 let vs = w.secs(Who::Llama) / cache;
-                let want = targets.target_speedup;
                 notes.push(format!(
                     "tree search: {vs:.2}x llama-server's per-step procedure{}",
-                    verdict(want.map(|t| format!("{t}x")), || vs >= want.unwrap_or(0.0))
+                    verdict(targets.target_speedup, |t| format!("{t}x"), |t| vs >= t)
                 ));
             }
         }
         Kind::Processbench => {
             let slower = cache / w.secs(Who::NoCache) - 1.0;
-            let want = targets.target_cache_cost_percent;
             notes.push(format!(
                 "ProcessBench with nothing repeated: the cache costs {:+.1}% against \
                  prefix_cache_mb = 0{}",
                 100.0 * slower,
-                verdict(want.map(|t| format!("within {t}%")), || {
-                    100.0 * slower <= want.unwrap_or(0.0)
-                })
+                verdict(
+                    targets.target_cache_cost_percent,
+                    |t| format!("within {t}%"),
+                    |t| 100.0 * slower <= t
+                )
             ));
         }
         Kind::Plain | Kind::RlBurst => {}
@@ -197,11 +202,7 @@ fn rss_notes(opts: &BenchOptions, rss: &[(Who, u64)], weights: u64) -> Vec<Strin
             mib(weights as f64),
             mib(budget),
             mib(limit),
-            if (rss as f64) <= limit {
-                "met"
-            } else {
-                "MISSED"
-            }
+            mark(rss as f64 <= limit)
         ));
     }
     notes
