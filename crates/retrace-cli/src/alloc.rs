@@ -37,7 +37,7 @@ fn blocking_threads() -> usize {
 }
 
 /// The runtime `retrace` runs on: tokio's multi-threaded one, its blocking pool bounded.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(blocking_threads())
@@ -47,7 +47,7 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// Starts the thread that purges mimalloc's free memory once the server has been idle for
 /// `IDLE` after serving requests; once per quiet spell, so a busy server never pays for it.
-pub fn spawn_idle_trim() -> std::io::Result<()> {
+pub(crate) fn spawn_idle_trim() -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("idle-trim".into())
         .spawn(|| {

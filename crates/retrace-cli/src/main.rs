@@ -36,7 +36,7 @@ enum Command {
     /// next to llama-server following RLHFlow's one-request-per-step procedure on the same model
     /// and traces, against the machine's measured f32 matmul peak; prints the side-by-side table
     /// (medians over alternating rounds, ratios) and, with --scaling, writes the scaling plot.
-    Bench(retrace_cli::bench::BenchOptions),
+    Bench(Box<retrace_cli::bench::BenchOptions>),
     /// Sends traces to a running server and prints each verdict: the score of every step as a
     /// bar, the first error marked with its category (or --json).
     Score(retrace_cli::score::ScoreOptions),
@@ -102,7 +102,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .await
             .map(drop)
             .map_err(Into::into),
-        Command::Bench(opts) => retrace_cli::bench::bench(opts).await.map(drop),
+        Command::Bench(opts) => retrace_cli::bench::bench(*opts).await,
         Command::Score(opts) => retrace_cli::score::score(opts).await,
         Command::CheckConfig(args) => {
             let config = args.load()?;

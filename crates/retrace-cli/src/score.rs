@@ -1,8 +1,8 @@
 //! `retrace score`: sends traces to a running server and prints each verdict as a per-step table
 //! (score, a bar, the first error marked, its category) or as proto3 JSON lines.
 
-use crate::eval::{Backend, EvalError};
-use anyhow::{Context, bail};
+use crate::eval::EvalBackend;
+use anyhow::{Context, anyhow, bail};
 use retrace::api::pb;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
@@ -77,8 +77,8 @@ pub async fn score(opts: ScoreOptions) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let Backend::Remote { client, token, .. } =
-        Backend::connect(&opts.server, token, opts.ca_cert.as_deref(), wait).await?
+    let EvalBackend::Remote { client, token, .. } =
+        EvalBackend::connect(&opts.server, token, opts.ca_cert.as_deref(), wait).await?
     else {
         bail!("retrace score needs a server");
     };
@@ -94,7 +94,7 @@ pub async fn score(opts: ScoreOptions) -> anyhow::Result<()> {
             .clone()
             .evaluate(call)
             .await
-            .map_err(|s| EvalError::Usage(format!("trace {i}: {:?}: {}", s.code(), s.message())))?
+            .map_err(|s| anyhow!("trace {i}: {:?}: {}", s.code(), s.message()))?
             .into_inner();
         if opts.json {
             writeln!(out, "{}", serde_json::to_string(&verdict)?)?;
@@ -152,39 +152,64 @@ fn requests(opts: &ScoreOptions) -> anyhow::Result<Vec<pb::EvaluateRequest>> {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         (path.display().to_string(), text)
     };
-    let parsed = parse_file(&text).map_err(|m| anyhow::anyhow!("{name}: {m}"))?;
+    let parsed = parse_file(&text).map_err(|m| anyhow!("{name}: {m}"))?;
     Ok(parsed.into_iter().map(with_flags).collect())
 }
 
+/// Why a --file's text is not a trace or request, or JSONL of them.
+#[derive(Debug, thiserror::Error)]
+enum FileError {
+    #[error("line {line}: {error}")]
+    Line { line: usize, error: NotARequest },
+    #[error(transparent)]
+    Document(NotARequest),
+    #[error("holds no trace")]
+    Empty,
+}
+
+/// Why one JSON value is not a trace or an EvaluateRequest.
+#[derive(Debug, thiserror::Error)]
+enum NotARequest {
+    #[error("{0}")]
+    Json(serde_json::Error),
+    #[error("an EvaluateRequest: {0}")]
+    Request(serde_json::Error),
+    #[error("a trace: {0}")]
+    Trace(serde_json::Error),
+}
+
 /// One JSON document, or JSONL; each a trace or an EvaluateRequest. Errors name the line.
-fn parse_file(text: &str) -> Result<Vec<pb::EvaluateRequest>, String> {
+fn parse_file(text: &str) -> Result<Vec<pb::EvaluateRequest>, FileError> {
     if let Ok(value) = serde_json::from_str::<serde_json::Value>(text) {
-        return request_of(value).map(|r| vec![r]);
+        return request_of(value)
+            .map(|r| vec![r])
+            .map_err(FileError::Document);
     }
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let value = serde_json::from_str(line).map_err(|e| format!("line {}: {e}", i + 1))?;
-        out.push(request_of(value).map_err(|e| format!("line {}: {e}", i + 1))?);
+        let at = |error| FileError::Line { line: i + 1, error };
+        let value = serde_json::from_str(line).map_err(|e| at(NotARequest::Json(e)))?;
+        out.push(request_of(value).map_err(at)?);
     }
     if out.is_empty() {
-        return Err("holds no trace".into());
+        return Err(FileError::Empty);
     }
     Ok(out)
 }
 
-fn request_of(value: serde_json::Value) -> Result<pb::EvaluateRequest, String> {
+fn request_of(value: serde_json::Value) -> Result<pb::EvaluateRequest, NotARequest> {
     let is_request = value.get("trace").is_some();
     match is_request {
-        true => serde_json::from_value(value).map_err(|e| format!("an EvaluateRequest: {e}")),
+        true => serde_json::from_value(value).map_err(NotARequest::Request),
         false => serde_json::from_value::<pb::Trace>(value)
             .map(|t| pb::EvaluateRequest {
                 trace: Some(t),
                 ..Default::default()
             })
-            .map_err(|e| format!("a trace: {e}")),
+            .map_err(NotARequest::Trace),
     }
 }
 
@@ -253,7 +278,7 @@ mod tests {
         assert_eq!(two[1].evaluator, "e");
         assert_eq!(two[1].threshold, Some(0.3));
         let bad = parse_file("{\"question\": \"q\", \"steps\": [\"a\"]}\n{\"question\": 3}\n");
-        assert!(bad.unwrap_err().starts_with("line 2: a trace"));
+        assert!(bad.unwrap_err().to_string().starts_with("line 2: a trace"));
         assert!(parse_file("\n").is_err());
     }
 

@@ -8,24 +8,24 @@ use std::time::Instant;
 
 /// The shapes a forward pass multiplies, from config.json.
 #[derive(Debug, Clone, Deserialize)]
-pub struct Shapes {
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: Option<usize>,
-    pub head_dim: Option<usize>,
+pub(crate) struct Shapes {
+    pub(crate) hidden_size: usize,
+    pub(crate) intermediate_size: usize,
+    pub(crate) num_hidden_layers: usize,
+    pub(crate) num_attention_heads: usize,
+    pub(crate) num_key_value_heads: Option<usize>,
+    pub(crate) head_dim: Option<usize>,
 }
 
 /// The best rate seen, and at which (M, K, N).
 #[derive(Debug, Clone, Copy)]
-pub struct Peak {
-    pub gflops: f64,
-    pub shape: (usize, usize, usize),
+pub(crate) struct Peak {
+    pub(crate) gflops: f64,
+    pub(crate) shape: (usize, usize, usize),
 }
 
 impl Shapes {
-    pub fn load(folder: &Path) -> anyhow::Result<Shapes> {
+    pub(crate) fn load(folder: &Path) -> anyhow::Result<Shapes> {
         if retrace_model::is_gguf(folder) {
             let c = retrace_model::Gguf::open(folder).and_then(|g| g.config())?;
             return Ok(Shapes {
@@ -65,7 +65,7 @@ impl Shapes {
     /// matmuls for every token, except that the last layer runs only k, v for all tokens and
     /// the rest for the read rows (as the decoder does); plus causal attention (QK^T and PV over
     /// the keys each query may see). Padding, masked-out scores and the head are not counted.
-    pub fn trace_flops(&self, len: usize, reads: usize) -> f64 {
+    pub(crate) fn trace_flops(&self, len: usize, reads: usize) -> f64 {
         let (kv, rest) = self.layer_params();
         let layers = self.num_hidden_layers as f64;
         let (l, m) = (len as f64, reads as f64);
@@ -92,7 +92,7 @@ impl Shapes {
 
 /// f32 `x (M, K) @ w (N, K)^T` through `candle_nn::Linear`, for each weight shape of the model
 /// and each M in `rows`: the best of `reps` runs each, and the best of those.
-pub fn peak(shapes: &Shapes, rows: &[usize], reps: usize) -> anyhow::Result<Peak> {
+pub(crate) fn peak(shapes: &Shapes, rows: &[usize], reps: usize) -> anyhow::Result<Peak> {
     let dev = Device::Cpu;
     let mut best = Peak {
         gflops: 0.0,

@@ -1,21 +1,21 @@
 //! The retrace contender: traces sent over the real gRPC path (unary `Evaluate`, one per trace),
 //! `concurrency` of them in flight, each one's latency and step scores kept.
 
-use super::{Run, Workload};
+use super::{ContenderRun, Workload};
 use anyhow::Context;
 use retrace::api::pb;
 use std::sync::Arc;
 use tonic::transport::Channel;
 
 /// Scores every trace of `work` through `client` with `concurrency` requests in flight.
-pub async fn run(
+pub(super) async fn run(
     client: &pb::evaluator_client::EvaluatorClient<Channel>,
     evaluator: &str,
     work: &Arc<Workload>,
     concurrency: usize,
-) -> anyhow::Result<Run> {
+) -> anyhow::Result<ContenderRun> {
     let (client, evaluator, traces) = (client.clone(), evaluator.to_string(), work.clone());
-    super::drive(work, concurrency, move |i| {
+    super::drive(work.traces.len(), concurrency, move |i| {
         let (mut client, evaluator, traces) = (client.clone(), evaluator.clone(), traces.clone());
         async move {
             let t = &traces.traces[i];

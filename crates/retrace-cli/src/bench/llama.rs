@@ -4,7 +4,7 @@
 //! `max_tokens: 1`, and the step's score read from the logprobs of '+' against '-'.
 
 use super::procs::{Guard, free_port, wait_until};
-use super::{BenchTrace, Run, Workload};
+use super::{BenchTrace, ContenderRun, Workload};
 use anyhow::{Context, bail};
 use retrace::prm::format::CHAT_LM_INSTRUCTION;
 use serde_json::{Value, json};
@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A running llama-server and a client for it.
-pub struct LlamaServer {
-    pub guard: Guard,
+pub(super) struct LlamaServer {
+    pub(super) guard: Guard,
     base: String,
     http: reqwest::Client,
     /// How many alternatives each reply lists; '+' or '-' outside them counts as a miss.
@@ -25,7 +25,7 @@ pub struct LlamaServer {
 impl LlamaServer {
     /// Starts `bin` on `gguf`, 127.0.0.1 only, with `parallel` slots of `ctx` tokens each, the
     /// threads, alternatives and extra arguments `opts` asks for, and waits for /health.
-    pub async fn start(
+    pub(super) async fn start(
         bin: &Path,
         gguf: &Path,
         parallel: usize,
@@ -82,19 +82,23 @@ impl LlamaServer {
 
     /// Scores every trace of `work`, `concurrency` traces at a time, each trace's steps one
     /// request after another.
-    pub async fn run(&self, work: &Arc<Workload>, concurrency: usize) -> anyhow::Result<Run> {
+    pub(super) async fn run(
+        &self,
+        work: &Arc<Workload>,
+        concurrency: usize,
+    ) -> anyhow::Result<ContenderRun> {
         self.guard_alive()?;
-        let scorer = Scorer {
+        let client = LlamaClient {
             http: self.http.clone(),
             url: format!("{}/v1/chat/completions", self.base),
             top_logprobs: self.top_logprobs,
         };
         let traces = work.clone();
-        super::drive(work, concurrency, move |i| {
-            let (scorer, traces) = (scorer.clone(), traces.clone());
+        super::drive(work.traces.len(), concurrency, move |i| {
+            let (client, traces) = (client.clone(), traces.clone());
             async move {
                 let t = &traces.traces[i];
-                scorer
+                client
                     .score(t)
                     .await
                     .with_context(|| format!("llama-server: trace {i}"))
@@ -110,13 +114,13 @@ impl LlamaServer {
 
 /// One client task's handle on the server.
 #[derive(Clone)]
-struct Scorer {
+struct LlamaClient {
     http: reqwest::Client,
     url: String,
     top_logprobs: usize,
 }
 
-impl Scorer {
+impl LlamaClient {
     /// The trace's step scores, and how many steps lacked '+' or '-' in the reply.
     async fn score(&self, t: &BenchTrace) -> anyhow::Result<(Vec<f32>, usize)> {
         let mut messages = vec![json!({"role": "system", "content": CHAT_LM_INSTRUCTION})];
@@ -172,7 +176,7 @@ fn plus_minus(reply: &Value) -> anyhow::Result<(Option<f64>, Option<f64>)> {
 
 /// softmax over the two logprobs, index '+': what chat-lm computes from the logits (the shared
 /// normaliser cancels). A token outside the top list counts as probability 0.
-pub fn step_score(plus: Option<f64>, minus: Option<f64>) -> f32 {
+fn step_score(plus: Option<f64>, minus: Option<f64>) -> f32 {
     match (plus, minus) {
         (Some(p), Some(m)) => (1.0 / (1.0 + (m - p).exp())) as f32,
         (Some(_), None) => 1.0,

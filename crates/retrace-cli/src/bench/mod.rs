@@ -6,7 +6,8 @@
 //! - `grpc`: the retrace contender. `llama`: the llama-server contender.
 //! - `gemm`: candle's f32 matmul peak at the model's shapes; the model's FLOPs per trace.
 //! - `scaling`: the model over trace length and batch size, and its SVG.
-//! - `report`: medians, ratios and the Markdown table.
+//! - `speed`: the speed table's flow; `report`: its medians, ratios and Markdown.
+//! - `reuse`: the token-reuse workloads (`--workload tree,...`), their table and targets.
 
 mod gemm;
 mod grpc;
@@ -15,12 +16,13 @@ mod procs;
 mod report;
 mod reuse;
 mod scaling;
+mod speed;
 
-use crate::eval::{Backend, read_records};
+use crate::eval::{EvalBackend, read_records};
 use anyhow::{Context, bail};
 use gemm::Shapes;
 use procs::{Guard, free_port};
-use retrace::prm::format::{Family, Formatter};
+use retrace::prm::format::Formatter;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -33,7 +35,7 @@ pub struct BenchOptions {
     /// llama-server on ProcessBench); `tree`, `best-of-n`, `rl-burst` and `processbench` measure
     /// token reuse (the prefix cache on, off, and no reuse at all) in one run.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "plain")]
-    pub workload: Vec<reuse::Kind>,
+    pub(crate) workload: Vec<reuse::Kind>,
     /// ProcessBench splits beside --data that tree search walks, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "math,olympiadbench")]
     pub tree_splits: Vec<String>,
@@ -117,50 +119,49 @@ pub struct BenchOptions {
     #[arg(long)]
     pub out: Option<PathBuf>,
     #[command(flatten)]
-    pub targets: report::Targets,
+    pub(crate) targets: report::Targets,
 }
 
 /// One trace as both contenders see it, with the token count chat-lm scores.
 #[derive(Debug, Clone)]
-pub struct BenchTrace {
+pub(crate) struct BenchTrace {
     /// As chat-lm words it (options rendered in).
-    pub question: String,
-    pub steps: Vec<String>,
-    pub tokens: usize,
+    pub(crate) question: String,
+    pub(crate) steps: Vec<String>,
+    pub(crate) tokens: usize,
 }
 
 /// The traces of a run, and their totals.
 #[derive(Debug)]
-pub struct Workload {
-    pub traces: Vec<BenchTrace>,
-    pub tokens: usize,
-    pub steps: usize,
-    pub flops: f64,
+pub(crate) struct Workload {
+    pub(crate) traces: Vec<BenchTrace>,
+    pub(crate) tokens: usize,
+    pub(crate) steps: usize,
+    pub(crate) flops: f64,
 }
 
 /// What one contender did with the whole workload at one concurrency.
 #[derive(Debug, Clone)]
-pub struct Run {
-    pub wall: Duration,
+pub(crate) struct ContenderRun {
+    pub(crate) wall: Duration,
     /// Per trace, sorted.
-    pub latencies: Vec<Duration>,
+    pub(crate) latencies: Vec<Duration>,
     /// Per trace, in workload order.
-    pub scores: Vec<Vec<f32>>,
+    pub(crate) scores: Vec<Vec<f32>>,
     /// Steps whose score could not be read in full (llama-server: '+' or '-' outside the
     /// listed logprobs).
-    pub misses: usize,
+    pub(crate) misses: usize,
 }
 
-/// Scores every trace of `work` with `concurrency` workers, each taking the next unscored trace;
-/// `score(i)` gives trace i's step scores and its logprob misses. Both contenders run this loop,
-/// so they are driven the same way.
-async fn drive<F, Fut>(work: &Arc<Workload>, concurrency: usize, score: F) -> anyhow::Result<Run>
+/// Scores `n` units of work with `concurrency` workers, each taking the next unscored one;
+/// `score(i)` gives unit i's step scores and its logprob misses. Every contender, and every
+/// reuse workload, runs this loop, so they are all driven the same way.
+async fn drive<F, Fut>(n: usize, concurrency: usize, score: F) -> anyhow::Result<ContenderRun>
 where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = anyhow::Result<(Vec<f32>, usize)>> + Send,
 {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let n = work.traces.len();
     let started = std::time::Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency.max(1) {
@@ -182,12 +183,16 @@ where
     for t in tasks {
         results.extend(t.await.context("a bench client task panicked")??);
     }
-    Ok(Run::collect(started.elapsed(), n, results))
+    Ok(ContenderRun::collect(started.elapsed(), n, results))
 }
 
-impl Run {
-    /// From each trace's (index, latency, scores, misses).
-    fn collect(wall: Duration, n: usize, done: Vec<(usize, Duration, Vec<f32>, usize)>) -> Run {
+impl ContenderRun {
+    /// From each unit's (index, latency, scores, misses).
+    fn collect(
+        wall: Duration,
+        n: usize,
+        done: Vec<(usize, Duration, Vec<f32>, usize)>,
+    ) -> ContenderRun {
         let mut scores = vec![Vec::new(); n];
         let mut latencies = Vec::with_capacity(done.len());
         let mut misses = 0;
@@ -197,7 +202,7 @@ impl Run {
             misses += m;
         }
         latencies.sort();
-        Run {
+        ContenderRun {
             wall,
             latencies,
             scores,
@@ -257,7 +262,7 @@ pub async fn bench(opts: BenchOptions) -> anyhow::Result<()> {
         bail!("--rounds, --limit and every --concurrency must be at least 1");
     }
     if opts.workload == [reuse::Kind::Plain] {
-        return speed(opts).await.map(drop);
+        return speed::speed(opts).await;
     }
     if opts.workload.contains(&reuse::Kind::Plain) {
         bail!("--workload plain is the speed table; run it on its own");
@@ -265,207 +270,16 @@ pub async fn bench(opts: BenchOptions) -> anyhow::Result<()> {
     let cache = cache_dir(&opts);
     let model = opts.model.clone().unwrap_or_else(|| cache.join("smollm2"));
     let text = reuse::bench(&opts, &opts.workload, &model, &cache).await?;
-    println!("{text}");
-    if let Some(out) = &opts.out {
-        std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
-    }
-    Ok(())
+    write_out(&opts, &text)
 }
 
-/// The speed table: retrace against llama-server on the same traces.
-async fn speed(opts: BenchOptions) -> anyhow::Result<report::Report> {
-    let cache = cache_dir(&opts);
-    let model = opts.model.clone().unwrap_or_else(|| cache.join("smollm2"));
-    let family = Family::parse(&opts.family)
-        .with_context(|| format!("unknown --family {:?}", opts.family))?;
-    let formatter = Formatter::load(family, &model).map_err(anyhow::Error::msg)?;
-    let shapes = Shapes::load(&model)?;
-    let work = Arc::new(Workload::load(&opts, &formatter, &shapes)?);
-    let logs = std::env::temp_dir().join(format!("retrace-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&logs)?;
-    eprintln!(
-        "bench: {} traces, {} tokens, {} steps; logs in {}",
-        work.traces.len(),
-        work.tokens,
-        work.steps,
-        logs.display()
-    );
-
-    // The matmul peak first, while nothing else of ours runs.
-    eprintln!("bench: measuring the f32 matmul peak");
-    let peak = gemm::peak(&shapes, &opts.gemm_rows, 5)?;
-
-    let mut server = match &opts.server {
-        Some(_) => None,
-        None => {
-            // The traces repeat across rounds and concurrencies: a prefix cache would answer all
-            // but the first from memory. Speed is measured computing every token (a --set wins).
-            let cold = BenchOptions {
-                set: [
-                    vec!["evaluator.bench.prefix_cache_mb=0".into()],
-                    opts.set.clone(),
-                ]
-                .concat(),
-                ..opts.clone()
-            };
-            Some(start_server(&cold, &model, &logs, "bench").map(|(g, a, _)| (g, a))?)
-        }
-    };
-    let (addr, evaluator) = match (&opts.server, &server) {
-        (Some(addr), _) => (addr.clone(), String::new()),
-        (None, Some((_, addr))) => (addr.clone(), "bench".to_string()),
-        (None, None) => unreachable!("started above"),
-    };
-    let client = match &mut server {
-        Some((guard, _)) => connect_child(guard, &addr).await?,
-        None => match Backend::connect(&addr, None, None, Duration::from_secs(60))
-            .await
-            .with_context(|| format!("connecting to {addr}"))?
-        {
-            Backend::Remote { client, .. } => *client,
-            Backend::Local { .. } => bail!("expected a remote backend"),
-        },
-    };
-
-    let llama = if opts.no_llama {
-        None
-    } else {
-        let (bin, gguf) = llama_paths(&opts, &cache);
-        let longest = work.traces.iter().map(|t| t.tokens).max().unwrap_or(0);
-        // Room for the longest conversation plus template drift, rounded up.
-        let ctx = (longest + 256).next_multiple_of(256);
-        let parallel = opts.concurrency.iter().copied().max().unwrap_or(1);
-        eprintln!("bench: starting llama-server ({})", bin.display());
-        Some(
-            llama::LlamaServer::start(
-                &bin,
-                &gguf,
-                parallel,
-                ctx,
-                &opts,
-                &logs.join("llama-server.log"),
-            )
-            .await?,
-        )
-    };
-
-    // Warm-up (not measured): first-touch pages, thread pools, caches' steady state.
-    let warm = Arc::new(Workload {
-        traces: work.traces.iter().take(4).cloned().collect(),
-        tokens: 0,
-        steps: 0,
-        flops: 0.0,
-    });
-    grpc::run(&client, &evaluator, &warm, 4).await?;
-    if let Some(l) = &llama {
-        l.run(&warm, 4).await?;
-    }
-
-    let mut runs = Vec::new();
-    for round in 0..opts.rounds {
-        for &c in &opts.concurrency {
-            // Alternate who goes first, so drift on a shared machine hits both alike.
-            let llama_first = round % 2 == 1;
-            let mut order = vec![report::Contender::Retrace];
-            if llama.is_some() {
-                match llama_first {
-                    true => order.insert(0, report::Contender::Llama),
-                    false => order.push(report::Contender::Llama),
-                }
-            }
-            for who in order {
-                let started = Instant::now();
-                let run = match (who, &llama) {
-                    (report::Contender::Retrace, _) => {
-                        grpc::run(&client, &evaluator, &work, c).await?
-                    }
-                    (report::Contender::Llama, Some(l)) => l.run(&work, c).await?,
-                    (report::Contender::Llama, None) => unreachable!("only run when started"),
-                };
-                eprintln!(
-                    "bench: round {} {:>13} c={c:<3} {:6.2} s",
-                    round + 1,
-                    who.name(),
-                    started.elapsed().as_secs_f64()
-                );
-                runs.push(report::Measured {
-                    who,
-                    concurrency: c,
-                    round,
-                    run,
-                });
-            }
-        }
-    }
-
-    let retrace_rss = match &server {
-        Some((guard, _)) => Some(guard.peak_rss()?),
-        None => None,
-    };
-    let llama_rss = match &llama {
-        Some(l) => Some(l.guard.peak_rss()?),
-        None => None,
-    };
-    let weights = weight_bytes(&model)?;
-    let scaling = if opts.scaling {
-        // Nothing else of ours may compete for the cores during the sweep.
-        drop(llama);
-        drop(server);
-        eprintln!("bench: scaling sweep");
-        let points = scaling::sweep(
-            &model,
-            &opts.scaling_lens,
-            &opts.scaling_batches,
-            opts.scaling_max_tokens,
-            2,
-            |p| {
-                eprintln!(
-                    "bench: len {:5} batch {:3}: {:8.3} s, {:7.0} tokens/s, {:6.1} GFLOP/s",
-                    p.len, p.batch, p.seconds, p.tokens_per_s, p.gflops
-                )
-            },
-        )?;
-        let title = format!(
-            "retrace scaling: {} (f32, CPU)",
-            model.file_name().unwrap_or_default().to_string_lossy()
-        );
-        let svg = scaling::svg(&points, &peak, &title)?;
-        if let Some(dir) = opts.svg.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(&opts.svg, svg)
-            .with_context(|| format!("writing {}", opts.svg.display()))?;
-        Some(points)
-    } else {
-        None
-    };
-
-    let report = report::Report {
-        model: model
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into(),
-        family: opts.family.clone(),
-        data: opts.data.clone(),
-        work: work.clone(),
-        rounds: opts.rounds,
-        runs,
-        peak,
-        retrace_rss,
-        llama_rss,
-        weights,
-        scaling,
-        svg: opts.scaling.then(|| opts.svg.clone()),
-        top_logprobs: opts.llama_top_logprobs,
-        targets: opts.targets.clone(),
-    };
-    let text = report.markdown();
+/// Prints the report, and writes it to --out when given.
+fn write_out(opts: &BenchOptions, text: &str) -> anyhow::Result<()> {
     println!("{text}");
     if let Some(out) = &opts.out {
-        std::fs::write(out, &text).with_context(|| format!("writing {}", out.display()))?;
+        std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Starts `retrace serve` (this executable) on 127.0.0.1 with one evaluator, `bench`; its
@@ -515,9 +329,9 @@ async fn connect_child(
     let started = Instant::now();
     loop {
         guard.check_alive()?;
-        match Backend::connect(addr, None, None, Duration::ZERO).await {
-            Ok(Backend::Remote { client, .. }) => return Ok(*client),
-            Ok(Backend::Local { .. }) => bail!("expected a remote backend"),
+        match EvalBackend::connect(addr, None, None, Duration::ZERO).await {
+            Ok(EvalBackend::Remote { client, .. }) => return Ok(*client),
+            Ok(EvalBackend::Local { .. }) => bail!("expected a remote backend"),
             Err(e) if started.elapsed() > Duration::from_secs(300) => {
                 bail!("the retrace server never became SERVING: {e}")
             }

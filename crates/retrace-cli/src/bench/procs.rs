@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A child process killed (and reaped) when dropped.
-pub struct Guard {
+pub(crate) struct Guard {
     child: Child,
     name: String,
     /// Where its stderr went, shown when it dies early.
@@ -17,7 +17,7 @@ pub struct Guard {
 
 impl Guard {
     /// Starts `cmd` with stdout and stderr appended to `log`.
-    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Guard> {
+    pub(crate) fn spawn(name: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Guard> {
         let out =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let child = cmd
@@ -33,12 +33,12 @@ impl Guard {
         })
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Fails, with the tail of its log, when the process has already exited.
-    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn check_alive(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(20).collect();
@@ -49,7 +49,7 @@ impl Guard {
     }
 
     /// Peak resident set size of the process so far, in bytes (VmHWM).
-    pub fn peak_rss(&self) -> anyhow::Result<u64> {
+    pub(crate) fn peak_rss(&self) -> anyhow::Result<u64> {
         peak_rss(self.pid())
     }
 }
@@ -62,7 +62,7 @@ impl Drop for Guard {
 }
 
 /// VmHWM of `pid` in bytes.
-pub fn peak_rss(pid: u32) -> anyhow::Result<u64> {
+pub(crate) fn peak_rss(pid: u32) -> anyhow::Result<u64> {
     let path = format!("/proc/{pid}/status");
     let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     status
@@ -75,13 +75,13 @@ pub fn peak_rss(pid: u32) -> anyhow::Result<u64> {
 }
 
 /// A port on 127.0.0.1 nobody listens on right now.
-pub fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
 
 /// Polls `ready` every 100 ms until it holds, the child dies, or `limit` passes.
-pub async fn wait_until<F, Fut>(
+pub(crate) async fn wait_until<F, Fut>(
     guard: &mut Guard,
     limit: Duration,
     mut ready: F,

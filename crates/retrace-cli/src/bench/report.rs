@@ -3,20 +3,20 @@
 
 use super::gemm::Peak;
 use super::scaling::Point;
-use super::{Run, Workload};
+use super::{ContenderRun, Workload};
 use std::fmt::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Contender {
+pub(crate) enum Contender {
     Retrace,
     Llama,
 }
 
 impl Contender {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Contender::Retrace => "retrace",
             Contender::Llama => "llama-server",
@@ -26,55 +26,65 @@ impl Contender {
 
 /// One contender's run at one concurrency in one round.
 #[derive(Debug, Clone)]
-pub struct Measured {
-    pub who: Contender,
-    pub concurrency: usize,
-    pub round: usize,
-    pub run: Run,
+pub(crate) struct SpeedSample {
+    pub(crate) who: Contender,
+    pub(crate) concurrency: usize,
+    pub(crate) round: usize,
+    pub(crate) run: ContenderRun,
 }
 
-/// Everything the table is made of.
+/// Everything the speed table is made of.
 #[derive(Debug)]
-pub struct Report {
-    pub model: String,
-    pub family: String,
-    pub data: PathBuf,
-    pub work: Arc<Workload>,
-    pub rounds: usize,
-    pub runs: Vec<Measured>,
-    pub peak: Peak,
-    pub retrace_rss: Option<u64>,
-    pub llama_rss: Option<u64>,
+pub(crate) struct SpeedReport {
+    pub(crate) model: String,
+    pub(crate) family: String,
+    pub(crate) data: PathBuf,
+    pub(crate) work: Arc<Workload>,
+    pub(crate) rounds: usize,
+    pub(crate) runs: Vec<SpeedSample>,
+    pub(crate) peak: Peak,
+    pub(crate) retrace_rss: Option<u64>,
+    pub(crate) llama_rss: Option<u64>,
     /// Bytes of the weight files.
-    pub weights: u64,
-    pub scaling: Option<Vec<Point>>,
-    pub svg: Option<PathBuf>,
-    pub top_logprobs: usize,
-    pub targets: Targets,
+    pub(crate) weights: u64,
+    pub(crate) scaling: Option<Vec<Point>>,
+    pub(crate) svg: Option<PathBuf>,
+    pub(crate) top_logprobs: usize,
+    pub(crate) targets: Targets,
 }
 
 /// Goals the report checks, each only when its flag is given.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct Targets {
-    /// Report whether retrace reaches this many times llama-server's traces/s at each concurrency.
+pub(crate) struct Targets {
+    /// Report whether retrace reaches this many times llama-server's traces/s at each concurrency
+    /// (with --workload tree: the prefix cache server against llama-server's per-step procedure).
     #[arg(long)]
-    pub target_speedup: Option<f64>,
+    pub(crate) target_speedup: Option<f64>,
     /// Report whether the scaling sweep reaches this % of the matmul peak at batch ≥ 8.
     #[arg(long)]
-    pub target_peak_percent: Option<f64>,
-    /// Report whether retrace's peak RSS stays within this many times the weights, plus 256 MiB.
+    pub(crate) target_peak_percent: Option<f64>,
+    /// Report whether retrace's peak RSS stays within this many times the weights, plus 256 MiB
+    /// (with --workload: the prefix cache server's, plus its cache budget).
     #[arg(long)]
-    pub target_rss_factor: Option<f64>,
+    pub(crate) target_rss_factor: Option<f64>,
+    /// With --workload tree or best-of-n: report whether the prefix cache server reaches this %
+    /// of the token bound (tokens scored over tokens computed) in speed-up against no reuse.
+    #[arg(long)]
+    pub(crate) target_bound_percent: Option<f64>,
+    /// With --workload processbench: report whether the prefix cache costs at most this % of
+    /// time against `prefix_cache_mb = 0` when nothing repeats.
+    #[arg(long)]
+    pub(crate) target_cache_cost_percent: Option<f64>,
 }
 
 /// The rates of one run.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Rates {
-    pub traces_per_s: f64,
-    pub tokens_per_s: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub gflops: f64,
+pub(crate) struct Rates {
+    pub(crate) traces_per_s: f64,
+    pub(crate) tokens_per_s: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) gflops: f64,
 }
 
 /// A table row: its label, how to read it off `Rates`, and whether higher is better.
@@ -89,7 +99,7 @@ const METRICS: [Metric; 5] = [
 ];
 
 /// Nearest-rank percentile of sorted durations, in ms.
-pub fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
+pub(crate) fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -98,7 +108,7 @@ pub fn percentile_ms(sorted: &[Duration], q: f64) -> f64 {
 }
 
 /// Median (the mean of the middle two for an even count); NaN for none.
-pub fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.retain(|x| !x.is_nan());
     if v.is_empty() {
         return f64::NAN;
@@ -112,7 +122,7 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl Rates {
-    pub fn of(run: &Run, work: &Workload) -> Rates {
+    pub(crate) fn of(run: &ContenderRun, work: &Workload) -> Rates {
         let s = run.wall.as_secs_f64();
         Rates {
             traces_per_s: work.traces.len() as f64 / s,
@@ -143,7 +153,7 @@ fn num(x: f64) -> String {
     format!("{x:.digits$}")
 }
 
-impl Report {
+impl SpeedReport {
     fn concurrencies(&self) -> Vec<usize> {
         let mut c: Vec<usize> = self.runs.iter().map(|m| m.concurrency).collect();
         c.sort_unstable();
@@ -151,14 +161,14 @@ impl Report {
         c
     }
 
-    fn runs_of(&self, who: Contender, c: usize) -> impl Iterator<Item = &Measured> {
+    fn runs_of(&self, who: Contender, c: usize) -> impl Iterator<Item = &SpeedSample> {
         self.runs
             .iter()
             .filter(move |m| m.who == who && m.concurrency == c)
     }
 
     /// Median over rounds of one metric.
-    pub fn median_of(&self, who: Contender, c: usize, metric: fn(&Rates) -> f64) -> f64 {
+    pub(crate) fn median_of(&self, who: Contender, c: usize, metric: fn(&Rates) -> f64) -> f64 {
         median(
             self.runs_of(who, c)
                 .map(|m| metric(&Rates::of(&m.run, &self.work)))
@@ -167,7 +177,7 @@ impl Report {
     }
 
     /// Median over rounds of retrace's advantage in that round (>1: retrace is better).
-    pub fn speedup(&self, c: usize, metric: fn(&Rates) -> f64, higher_better: bool) -> f64 {
+    pub(crate) fn speedup(&self, c: usize, metric: fn(&Rates) -> f64, higher_better: bool) -> f64 {
         let per_round = (0..self.rounds).filter_map(|round| {
             let get = |who| {
                 self.runs_of(who, c)
@@ -185,12 +195,35 @@ impl Report {
     }
 
     /// The side-by-side table and everything said under it.
-    pub fn markdown(&self) -> String {
-        let mut s = String::new();
-        let w = &self.work;
+    pub(crate) fn markdown(&self) -> String {
+        let mut s = self.header();
+        s.push_str(&self.table());
+        let (m, k, n) = self.peak.shape;
         let _ = writeln!(
             s,
-            "{} as `{}` ({}), {} traces of {} ({} tokens, {} steps), {} round(s), medians; {}.\n",
+            "- f32 matmul peak (candle, this machine, best at M×K×N = {m}×{k}×{n}): {} GFLOP/s. \
+             Achieved GFLOP/s counts useful work only (causal attention, no padding).",
+            num(self.peak.gflops)
+        );
+        if self.has_llama() {
+            s.push_str(&self.agreement());
+        }
+        s.push_str(&self.targets());
+        if let Some(svg) = &self.svg {
+            let _ = writeln!(
+                s,
+                "- Scaling sweep (in-process model, best of 2): `{}`.",
+                svg.display()
+            );
+        }
+        s
+    }
+
+    /// The line above the table: model, data, rounds, machine.
+    fn header(&self) -> String {
+        let w = &self.work;
+        format!(
+            "{} as `{}` ({}), {} traces of {} ({} tokens, {} steps), {} round(s), medians; {}.\n\n",
             self.model,
             self.family,
             match self.model.ends_with(".gguf") {
@@ -203,7 +236,13 @@ impl Report {
             w.steps,
             self.rounds,
             machine()
-        );
+        )
+    }
+
+    /// The table: a column per contender and concurrency (and the speed-up), a row per metric,
+    /// then the share of the matmul peak and the peak RSS.
+    fn table(&self) -> String {
+        let mut s = String::new();
         let cs = self.concurrencies();
         let llama = self.has_llama();
         let mut head = String::from("| |");
@@ -236,8 +275,15 @@ impl Report {
             }
             let _ = writeln!(s, "{row}");
         }
+        s.push_str(&self.resource_rows(&cs, llama));
+        s
+    }
+
+    /// The rows under the metrics: % of the matmul peak, and peak RSS.
+    fn resource_rows(&self, cs: &[usize], llama: bool) -> String {
+        let mut s = String::new();
         let mut row = String::from("| % of matmul peak |");
-        for &c in &cs {
+        for &c in cs {
             let pct = |who| 100.0 * self.median_of(who, c, |r| r.gflops) / self.peak.gflops;
             let _ = write!(row, " {}% |", num(pct(Contender::Retrace)));
             if llama {
@@ -254,25 +300,6 @@ impl Report {
             row.push_str(if llama { " | | |" } else { " |" });
         }
         let _ = writeln!(s, "{row}\n");
-
-        let (m, k, n) = self.peak.shape;
-        let _ = writeln!(
-            s,
-            "- f32 matmul peak (candle, this machine, best at M×K×N = {m}×{k}×{n}): {} GFLOP/s. \
-             Achieved GFLOP/s counts useful work only (causal attention, no padding).",
-            num(self.peak.gflops)
-        );
-        if llama {
-            s.push_str(&self.agreement());
-        }
-        s.push_str(&self.targets());
-        if let Some(svg) = &self.svg {
-            let _ = writeln!(
-                s,
-                "- Scaling sweep (in-process model, best of 2): `{}`.",
-                svg.display()
-            );
-        }
         s
     }
 

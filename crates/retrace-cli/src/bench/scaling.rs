@@ -10,19 +10,19 @@ use std::time::Instant;
 
 /// One (length, batch) point.
 #[derive(Debug, Clone, Copy)]
-pub struct Point {
-    pub len: usize,
-    pub batch: usize,
-    pub seconds: f64,
-    pub tokens_per_s: f64,
-    pub gflops: f64,
+pub(crate) struct Point {
+    pub(crate) len: usize,
+    pub(crate) batch: usize,
+    pub(crate) seconds: f64,
+    pub(crate) tokens_per_s: f64,
+    pub(crate) gflops: f64,
 }
 
 /// Tokens between two read positions: about a gsm8k step.
 const STEP_TOKENS: usize = 40;
 
 /// Runs every (len, batch) with len * batch <= `max_tokens`, best of `reps` after a warm-up.
-pub fn sweep(
+pub(crate) fn sweep(
     folder: &Path,
     lens: &[usize],
     batches: &[usize],
@@ -82,7 +82,7 @@ pub fn sweep(
 
 /// Two panels: time per token against length (flat = linear cost), and GFLOP/s against batch
 /// size with the measured matmul peak.
-pub fn svg(points: &[Point], peak: &Peak, title: &str) -> anyhow::Result<String> {
+pub(crate) fn svg(points: &[Point], peak: &Peak, title: &str) -> anyhow::Result<String> {
     use plotters::prelude::*;
     let mut out = String::new();
     {
@@ -90,94 +90,127 @@ pub fn svg(points: &[Point], peak: &Peak, title: &str) -> anyhow::Result<String>
         root.fill(&WHITE)?;
         let root = root.titled(title, ("sans-serif", 16))?;
         let (left, right) = root.split_horizontally(500);
+        let axes = Axes::of(points);
+        per_token_panel(&left, points, &axes)?;
+        gflops_panel(&right, points, peak, &axes)?;
+        root.present()?;
+    }
+    Ok(out)
+}
+
+type Panel<'a> =
+    plotters::drawing::DrawingArea<plotters::backend::SVGBackend<'a>, plotters::coord::Shift>;
+
+/// The distinct lengths and batch sizes of the sweep, ascending.
+struct Axes {
+    lens: Vec<usize>,
+    batches: Vec<usize>,
+}
+
+impl Axes {
+    fn of(points: &[Point]) -> Axes {
         let mut lens: Vec<usize> = points.iter().map(|p| p.len).collect();
         let mut batches: Vec<usize> = points.iter().map(|p| p.batch).collect();
         lens.sort_unstable();
         lens.dedup();
         batches.sort_unstable();
         batches.dedup();
-        let color = |i: usize, n: usize| -> RGBColor {
-            let c = Palette99::pick(i * 99 / n.max(1)).to_rgba();
-            RGBColor(c.0, c.1, c.2)
-        };
-
-        let us_max = points
-            .iter()
-            .map(|p| p.seconds * 1e6 / (p.len * p.batch) as f64)
-            .fold(0.0, f64::max);
-        let (lmin, lmax) = (
-            *lens.first().unwrap_or(&1) as f64,
-            *lens.last().unwrap_or(&2) as f64,
-        );
-        let mut chart = ChartBuilder::on(&left)
-            .caption("time per token vs trace length", ("sans-serif", 14))
-            .margin(10)
-            .x_label_area_size(35)
-            .y_label_area_size(55)
-            .build_cartesian_2d((lmin * 0.9..lmax * 1.1).log_scale(), 0.0..us_max * 1.15)?;
-        chart
-            .configure_mesh()
-            .x_desc("tokens per trace (log)")
-            .y_desc("µs per token")
-            .draw()?;
-        for (i, &b) in batches.iter().enumerate() {
-            let c = color(i, batches.len());
-            let series: Vec<(f64, f64)> = points
-                .iter()
-                .filter(|p| p.batch == b)
-                .map(|p| (p.len as f64, p.seconds * 1e6 / (p.len * p.batch) as f64))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(series.clone(), c.stroke_width(2)))?
-                .label(format!("batch {b}"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
-            chart.draw_series(series.into_iter().map(|xy| Circle::new(xy, 3, c.filled())))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()?;
-
-        let bmax = *batches.last().unwrap_or(&1) as f64;
-        let gmax = points.iter().map(|p| p.gflops).fold(peak.gflops, f64::max);
-        let mut chart = ChartBuilder::on(&right)
-            .caption("achieved GFLOP/s vs batch size", ("sans-serif", 14))
-            .margin(10)
-            .x_label_area_size(35)
-            .y_label_area_size(55)
-            .build_cartesian_2d((0.9..bmax * 1.1).log_scale(), 0.0..gmax * 1.15)?;
-        chart
-            .configure_mesh()
-            .x_desc("traces per forward pass (log)")
-            .y_desc("GFLOP/s")
-            .draw()?;
-        let peak_line = vec![(0.9, peak.gflops), (bmax * 1.1, peak.gflops)];
-        chart
-            .draw_series(LineSeries::new(peak_line, BLACK.stroke_width(1)))?
-            .label(format!("matmul peak {:.0}", peak.gflops))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], BLACK));
-        for (i, &l) in lens.iter().enumerate() {
-            let c = color(i, lens.len());
-            let series: Vec<(f64, f64)> = points
-                .iter()
-                .filter(|p| p.len == l)
-                .map(|p| (p.batch as f64, p.gflops))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(series.clone(), c.stroke_width(2)))?
-                .label(format!("{l} tokens"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
-            chart.draw_series(series.into_iter().map(|xy| Circle::new(xy, 3, c.filled())))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()?;
-        root.present()?;
+        Axes { lens, batches }
     }
-    Ok(out)
+}
+
+/// Series i of n's colour.
+fn color(i: usize, n: usize) -> plotters::style::RGBColor {
+    use plotters::style::{Color, Palette, Palette99, RGBColor};
+    let c = Palette99::pick(i * 99 / n.max(1)).to_rgba();
+    RGBColor(c.0, c.1, c.2)
+}
+
+/// Left: µs per token against trace length, a line per batch size.
+fn per_token_panel(area: &Panel, points: &[Point], axes: &Axes) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let (lens, batches) = (&axes.lens, &axes.batches);
+    let us_max = points
+        .iter()
+        .map(|p| p.seconds * 1e6 / (p.len * p.batch) as f64)
+        .fold(0.0, f64::max);
+    let (lmin, lmax) = (
+        *lens.first().unwrap_or(&1) as f64,
+        *lens.last().unwrap_or(&2) as f64,
+    );
+    let mut chart = ChartBuilder::on(area)
+        .caption("time per token vs trace length", ("sans-serif", 14))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(55)
+        .build_cartesian_2d((lmin * 0.9..lmax * 1.1).log_scale(), 0.0..us_max * 1.15)?;
+    chart
+        .configure_mesh()
+        .x_desc("tokens per trace (log)")
+        .y_desc("µs per token")
+        .draw()?;
+    for (i, &b) in batches.iter().enumerate() {
+        let c = color(i, batches.len());
+        let series: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|p| p.batch == b)
+            .map(|p| (p.len as f64, p.seconds * 1e6 / (p.len * p.batch) as f64))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(series.clone(), c.stroke_width(2)))?
+            .label(format!("batch {b}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
+        chart.draw_series(series.into_iter().map(|xy| Circle::new(xy, 3, c.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    Ok(())
+}
+
+/// Right: achieved GFLOP/s against batch size, a line per length, and the matmul peak.
+fn gflops_panel(area: &Panel, points: &[Point], peak: &Peak, axes: &Axes) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let (lens, batches) = (&axes.lens, &axes.batches);
+    let bmax = *batches.last().unwrap_or(&1) as f64;
+    let gmax = points.iter().map(|p| p.gflops).fold(peak.gflops, f64::max);
+    let mut chart = ChartBuilder::on(area)
+        .caption("achieved GFLOP/s vs batch size", ("sans-serif", 14))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(55)
+        .build_cartesian_2d((0.9..bmax * 1.1).log_scale(), 0.0..gmax * 1.15)?;
+    chart
+        .configure_mesh()
+        .x_desc("traces per forward pass (log)")
+        .y_desc("GFLOP/s")
+        .draw()?;
+    let peak_line = vec![(0.9, peak.gflops), (bmax * 1.1, peak.gflops)];
+    chart
+        .draw_series(LineSeries::new(peak_line, BLACK.stroke_width(1)))?
+        .label(format!("matmul peak {:.0}", peak.gflops))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], BLACK));
+    for (i, &l) in lens.iter().enumerate() {
+        let c = color(i, lens.len());
+        let series: Vec<(f64, f64)> = points
+            .iter()
+            .filter(|p| p.len == l)
+            .map(|p| (p.batch as f64, p.gflops))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(series.clone(), c.stroke_width(2)))?
+            .label(format!("{l} tokens"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
+        chart.draw_series(series.into_iter().map(|xy| Circle::new(xy, 3, c.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    Ok(())
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// The predicted side of the category confusion matrix: a category, or a failed request.
-pub type Predicted = Option<ErrorCategory>;
+pub(crate) type Predicted = Option<ErrorCategory>;
 
 /// Everything the report shows, built from rows in one pass (memory: counts only).
 #[derive(Debug, Clone, Serialize)]
@@ -116,7 +116,7 @@ impl GeneratorStats {
 
 /// Folds rows into an `Analysis`.
 #[derive(Debug, Default)]
-pub struct Analyzer {
+pub(crate) struct Analyzer {
     metric: Accumulator,
     rows: usize,
     failed: usize,
@@ -128,7 +128,7 @@ pub struct Analyzer {
 }
 
 impl Analyzer {
-    pub fn add(&mut self, row: &Row) {
+    pub(crate) fn add(&mut self, row: &Row) {
         self.metric.add(&row.split, row.label, row.prediction);
         self.rows += 1;
         self.failed += usize::from(row.prediction.is_none());
@@ -157,7 +157,7 @@ impl Analyzer {
         }
     }
 
-    pub fn finish(self) -> Analysis {
+    pub(crate) fn finish(self) -> Analysis {
         let answers = (self.all.traces > 0).then(|| AnswerLevel {
             generators: self.generators.into_values().collect(),
             all: GeneratorStats {

@@ -12,7 +12,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// Where traces are judged.
-pub enum Backend {
+pub(crate) enum EvalBackend {
     /// A running server, over EvaluateStream.
     Remote {
         addr: String,
@@ -23,14 +23,14 @@ pub enum Backend {
     Local { engine: Arc<Engine> },
 }
 
-impl Backend {
+impl EvalBackend {
     /// Connects to `addr` (`host:port` or a URL) and waits up to `wait` for it to report SERVING.
-    pub async fn connect(
+    pub(crate) async fn connect(
         addr: &str,
         token: Option<String>,
         ca_cert: Option<&Path>,
         wait: Duration,
-    ) -> Result<Backend, EvalError> {
+    ) -> Result<EvalBackend, EvalError> {
         let fail = |message: String| EvalError::Connect {
             addr: addr.to_string(),
             message,
@@ -65,7 +65,7 @@ impl Backend {
                     };
                     match health.check(check).await {
                         Ok(r) if r.get_ref().status == 1 => {
-                            return Ok(Backend::Remote {
+                            return Ok(EvalBackend::Remote {
                                 addr: addr.to_string(),
                                 client: Box::new(pb::evaluator_client::EvaluatorClient::new(
                                     channel,
@@ -90,22 +90,22 @@ impl Backend {
     }
 
     /// Loads every evaluator of `config` in this process.
-    pub async fn local(config: &Config) -> Result<Backend, EvalError> {
+    pub(crate) async fn local(config: &Config) -> Result<EvalBackend, EvalError> {
         let engine = retrace::new_engine(config);
         retrace::load_engine(&engine, config, retrace::default_loader())
             .await
             .map_err(EvalError::Load)?;
-        Ok(Backend::Local { engine })
+        Ok(EvalBackend::Local { engine })
     }
 
     /// The name of the evaluator `requested` selects (empty: the default).
-    pub async fn resolve(&self, requested: &str) -> Result<String, EvalError> {
+    pub(crate) async fn resolve(&self, requested: &str) -> Result<String, EvalError> {
         match self {
-            Backend::Local { engine } => engine
+            EvalBackend::Local { engine } => engine
                 .resolve_name(requested)
                 .map(str::to_string)
                 .map_err(|e| EvalError::Usage(e.to_string())),
-            Backend::Remote {
+            EvalBackend::Remote {
                 client,
                 token,
                 addr,

@@ -35,7 +35,7 @@ pub struct Curve {
 
 /// The chosen threshold and what it scores on the calibration data.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Choice {
+pub struct ThresholdChoice {
     /// The threshold to configure: inside its interval, away from the scores that bound it.
     pub threshold: f32,
     /// Every threshold in (low, high] scores the same on the calibration data.
@@ -82,18 +82,7 @@ fn index_of(cuts: &[f32], v: f32) -> usize {
 
 /// The full curve over `traces`.
 pub fn sweep(traces: &[ScoredTrace]) -> Curve {
-    let mut cuts: Vec<f32> = traces
-        .iter()
-        .filter_map(|t| t.scores.as_deref())
-        .flatten()
-        .copied()
-        .filter(|s| s.is_finite())
-        .collect();
-    cuts.sort_by(f32::total_cmp);
-    cuts.dedup();
-    if cuts.last().is_none_or(|&m| m < 1.0) {
-        cuts.push(1.0); // above every score: every step is an error
-    }
+    let cuts = cuts_of(traces);
     let k = cuts.len();
     let mut splits: Vec<String> = Vec::new();
     let mut totals = Vec::new();
@@ -120,30 +109,7 @@ pub fn sweep(traces: &[ScoredTrace]) -> Curve {
             failed[s] += 1;
             continue;
         };
-        // Prefix minima: the prediction at point k >= 1 is the first i with min(s[..=i]) <=
-        // cuts[k-1]; at point 0 it is -1.
-        let mut m = Vec::with_capacity(scores.len());
-        let mut low = f32::INFINITY;
-        for &x in scores {
-            low = low.min(x);
-            m.push(low);
-        }
-        let run = if t.label == -1 {
-            let end = m.last().map_or(k, |&v| index_of(&cuts, v) + 1);
-            Some((0, end))
-        } else {
-            let l = t.label as usize;
-            (l < m.len()).then(|| {
-                let start = index_of(&cuts, m[l]) + 1;
-                let end = if l == 0 {
-                    k
-                } else {
-                    index_of(&cuts, m[l - 1]) + 1
-                };
-                (start, end.max(start))
-            })
-        };
-        if let Some((start, end)) = run {
+        if let Some((start, end)) = right_run(scores, t.label, &cuts) {
             let d = &mut diff[s];
             if t.label == -1 {
                 d[start].1 += 1;
@@ -154,27 +120,70 @@ pub fn sweep(traces: &[ScoredTrace]) -> Curve {
             }
         }
     }
-    let hits = diff
-        .into_iter()
-        .map(|d| {
-            let (mut e, mut c) = (0i64, 0i64);
-            d[..k]
-                .iter()
-                .map(|&(de, dc)| {
-                    e += de;
-                    c += dc;
-                    (e as u32, c as u32)
-                })
-                .collect()
-        })
-        .collect();
     Curve {
         splits,
         cuts,
         totals,
-        hits,
+        hits: diff.into_iter().map(|d| prefix_sums(&d[..k])).collect(),
         failed,
     }
+}
+
+/// The distinct finite scores, ascending, and 1.0 above them.
+fn cuts_of(traces: &[ScoredTrace]) -> Vec<f32> {
+    let mut cuts: Vec<f32> = traces
+        .iter()
+        .filter_map(|t| t.scores.as_deref())
+        .flatten()
+        .copied()
+        .filter(|s| s.is_finite())
+        .collect();
+    cuts.sort_by(f32::total_cmp);
+    cuts.dedup();
+    if cuts.last().is_none_or(|&m| m < 1.0) {
+        cuts.push(1.0); // above every score: every step is an error
+    }
+    cuts
+}
+
+/// The points [start, end) at which a trace with these scores and this label is predicted
+/// right; None when no point is.
+fn right_run(scores: &[f32], label: i32, cuts: &[f32]) -> Option<(usize, usize)> {
+    let k = cuts.len();
+    // Prefix minima: the prediction at point k >= 1 is the first i with min(s[..=i]) <=
+    // cuts[k-1]; at point 0 it is -1.
+    let mut m = Vec::with_capacity(scores.len());
+    let mut low = f32::INFINITY;
+    for &x in scores {
+        low = low.min(x);
+        m.push(low);
+    }
+    if label == -1 {
+        let end = m.last().map_or(k, |&v| index_of(cuts, v) + 1);
+        return Some((0, end));
+    }
+    let l = label as usize;
+    (l < m.len()).then(|| {
+        let start = index_of(cuts, m[l]) + 1;
+        let end = if l == 0 {
+            k
+        } else {
+            index_of(cuts, m[l - 1]) + 1
+        };
+        (start, end.max(start))
+    })
+}
+
+/// Running totals of a difference array: (error hits, correct hits) at each point.
+fn prefix_sums(d: &[(i64, i64)]) -> Vec<(u32, u32)> {
+    let (mut e, mut c) = (0i64, 0i64);
+    d.iter()
+        .map(|&(de, dc)| {
+            e += de;
+            c += dc;
+            (e as u32, c as u32)
+        })
+        .collect()
 }
 
 impl Curve {
@@ -244,14 +253,14 @@ impl Curve {
         self.counts(split, k).f1().unwrap_or(0.0)
     }
 
-    fn choose(&self, objective: impl Fn(usize) -> f64) -> Choice {
+    fn choose(&self, objective: impl Fn(usize) -> f64) -> ThresholdChoice {
         let mut best = 0;
         for k in 1..self.len() {
             if objective(k) > objective(best) {
                 best = k;
             }
         }
-        Choice {
+        ThresholdChoice {
             threshold: self.threshold(best),
             low: (best > 0).then(|| self.cuts[best - 1]),
             high: self.cuts[best],
@@ -261,12 +270,12 @@ impl Curve {
     }
 
     /// The threshold maximising mean F1 over splits; ties go to the lowest threshold.
-    pub fn best(&self) -> Choice {
+    pub fn best(&self) -> ThresholdChoice {
         self.choose(|k| self.mean_f1(k))
     }
 
     /// Each split's own best threshold.
-    pub fn best_per_split(&self) -> Vec<(String, Choice)> {
+    pub fn best_per_split(&self) -> Vec<(String, ThresholdChoice)> {
         (0..self.splits.len())
             .map(|s| (self.splits[s].clone(), self.choose(|k| self.split_f1(s, k))))
             .collect()

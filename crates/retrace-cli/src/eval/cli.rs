@@ -2,8 +2,9 @@
 //! (resumably), analyse the predictions file, write the report, print the headline.
 
 use super::analysis::{Analysis, Analyzer};
-use super::backend::Backend;
+use super::backend::EvalBackend;
 use super::calibrate::{ScoredTrace, rethreshold, sweep};
+use super::metric::Summary;
 use super::predictions::{Row, read_rows};
 use super::report::{Calibration, Report, render_html, render_markdown};
 use super::run::{RunSpec, RunStats, score};
@@ -109,7 +110,7 @@ pub struct Calibrated {
     pub test_f1: Option<(Option<f64>, Option<f64>)>,
 }
 
-async fn backend(c: &ConnectOptions) -> Result<Backend, EvalError> {
+async fn backend(c: &ConnectOptions) -> Result<EvalBackend, EvalError> {
     if c.concurrency == 0 {
         return Err(EvalError::Usage("--concurrency must be at least 1".into()));
     }
@@ -123,9 +124,9 @@ async fn backend(c: &ConnectOptions) -> Result<Backend, EvalError> {
             };
             let wait = Duration::try_from_secs_f64(c.wait_s)
                 .map_err(|_| EvalError::Usage("--wait-s must be a non-negative number".into()))?;
-            Backend::connect(addr, token, c.ca_cert.as_deref(), wait).await
+            EvalBackend::connect(addr, token, c.ca_cert.as_deref(), wait).await
         }
-        (None, Some(path)) => Backend::local(&Config::load(path, &c.set)?).await,
+        (None, Some(path)) => EvalBackend::local(&Config::load(path, &c.set)?).await,
         _ => Err(EvalError::Usage(
             "give exactly one of --server and --config".into(),
         )),
@@ -296,109 +297,139 @@ pub async fn calibrate(opts: CalibrateOptions) -> Result<Vec<Calibrated>, EvalEr
     let mut chosen = Vec::new();
     for requested in names {
         let name = backend.resolve(&requested).await?;
-        let dir = ensure_dir(&opts.out.join(&name))?;
-        let cal_path = dir.join("calibration.jsonl");
-        let cal_stats = score(
-            &backend,
-            &spec(&opts.connect, &opts.calibrate_on, &name, None),
-            &cal_path,
-        )
-        .await?;
-        let cal_rows = load_rows(&cal_path)?;
-        let mut notes = vec![format!("evaluator: `{name}`")];
-        notes.extend(stats_notes("calibration", &cal_stats, &cal_path));
-        let test_rows = if opts.test_on.is_empty() {
-            None
-        } else {
-            let test_path = dir.join("test.jsonl");
-            let s = score(
-                &backend,
-                &spec(&opts.connect, &opts.test_on, &name, None),
-                &test_path,
-            )
-            .await?;
-            notes.extend(stats_notes("test", &s, &test_path));
-            Some(load_rows(&test_path)?)
-        };
-        if let Some(test) = &test_rows {
-            let keys: HashSet<_> = cal_rows.iter().map(Row::key).collect();
-            if let Some(r) = test.iter().find(|r| keys.contains(&r.key())) {
-                return Err(EvalError::Usage(format!(
-                    "trace {:?} of split {:?} is in both the calibration and the test data: keep them apart",
-                    r.id, r.split
-                )));
-            }
-        }
-        let traces: Vec<ScoredTrace> = cal_rows.iter().map(ScoredTrace::of).collect();
-        if traces.iter().all(|t| t.scores.is_none()) {
-            return Err(EvalError::Usage(format!(
-                "no calibration trace was judged for evaluator {name:?}: nothing to calibrate on"
-            )));
-        }
-        let curve = sweep(&traces);
-        let choice = curve.best();
-        let t = choice.threshold;
-        let per_split = if opts.per_split {
-            curve.best_per_split()
-        } else {
-            Vec::new()
-        };
-        let (analysis, test) = match &test_rows {
-            Some(rows) => {
-                let served = Analysis::of(rows).summary;
-                let tuned: Vec<Row> = rows.iter().map(|r| rethreshold(r, t)).collect();
-                let analysis = Analysis::of(&tuned);
-                let tuned_summary = analysis.summary.clone();
-                (analysis, Some((served, tuned_summary)))
-            }
-            None => {
-                let tuned: Vec<Row> = cal_rows.iter().map(|r| rethreshold(r, t)).collect();
-                (Analysis::of(&tuned), None)
-            }
-        };
-        notes.push(format!(
-            "the tables below are the {} data re-decided at threshold {t} from the cached scores",
-            if test.is_some() {
-                "test"
-            } else {
-                "calibration"
-            }
-        ));
-        let result = Calibrated {
-            evaluator: name.clone(),
-            threshold: t,
-            calibration_f1: choice.f1,
-            test_f1: test.as_ref().map(|(a, b)| (a.average.f1, b.average.f1)),
-        };
-        let report = Report {
-            title: format!("retrace calibrate: {name}"),
-            notes,
-            analysis,
-            calibration: Some(Calibration {
-                evaluator: name.clone(),
-                curve,
-                choice: choice.clone(),
-                per_split,
-                test,
-            }),
-        };
-        write_report(&dir, &report, &choice)?;
-        let p = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{v:.2}"));
-        let test_note = match result.test_f1 {
-            Some((served, tuned)) => format!(
-                "; test mean F1 {} at this threshold ({} as served)",
-                p(tuned),
-                p(served)
-            ),
-            None => "; no --test-on data, so no held-out figure".into(),
-        };
-        println!(
-            "# evaluator {name:?}: calibration mean F1 {:.2}{test_note}; report in {}",
-            choice.f1,
-            shown(&dir)
-        );
-        println!("threshold = {t}");
-        chosen.push(result);
+        chosen.push(calibrate_one(&opts, &backend, &name).await?);
     }
     Ok(chosen)
+}
+
+/// One evaluator: score both sets (cached), sweep, re-decide, write the report, print the line.
+async fn calibrate_one(
+    opts: &CalibrateOptions,
+    backend: &EvalBackend,
+    name: &str,
+) -> Result<Calibrated, EvalError> {
+    let dir = ensure_dir(&opts.out.join(name))?;
+    let mut notes = vec![format!("evaluator: `{name}`")];
+    let (cal_rows, test_rows) = score_sets(opts, backend, name, &dir, &mut notes).await?;
+    let traces: Vec<ScoredTrace> = cal_rows.iter().map(ScoredTrace::of).collect();
+    if traces.iter().all(|t| t.scores.is_none()) {
+        return Err(EvalError::Usage(format!(
+            "no calibration trace was judged for evaluator {name:?}: nothing to calibrate on"
+        )));
+    }
+    let curve = sweep(&traces);
+    let choice = curve.best();
+    let t = choice.threshold;
+    let per_split = match opts.per_split {
+        true => curve.best_per_split(),
+        false => Vec::new(),
+    };
+    let (analysis, test) = redecide(&cal_rows, test_rows.as_deref(), t);
+    notes.push(format!(
+        "the tables below are the {} data re-decided at threshold {t} from the cached scores",
+        if test.is_some() {
+            "test"
+        } else {
+            "calibration"
+        }
+    ));
+    let result = Calibrated {
+        evaluator: name.to_string(),
+        threshold: t,
+        calibration_f1: choice.f1,
+        test_f1: test.as_ref().map(|(a, b)| (a.average.f1, b.average.f1)),
+    };
+    let report = Report {
+        title: format!("retrace calibrate: {name}"),
+        notes,
+        analysis,
+        calibration: Some(Calibration {
+            evaluator: name.to_string(),
+            curve,
+            choice: choice.clone(),
+            per_split,
+            test,
+        }),
+    };
+    write_report(&dir, &report, &choice)?;
+    print_choice(&result, &dir);
+    Ok(result)
+}
+
+/// Scores the calibration set, and the test set when given, into `dir` (reusing what is
+/// cached there); refuses a trace in both.
+async fn score_sets(
+    opts: &CalibrateOptions,
+    backend: &EvalBackend,
+    name: &str,
+    dir: &Path,
+    notes: &mut Vec<String>,
+) -> Result<(Vec<Row>, Option<Vec<Row>>), EvalError> {
+    let cal_path = dir.join("calibration.jsonl");
+    let cal_spec = spec(&opts.connect, &opts.calibrate_on, name, None);
+    let cal_stats = score(backend, &cal_spec, &cal_path).await?;
+    let cal_rows = load_rows(&cal_path)?;
+    notes.extend(stats_notes("calibration", &cal_stats, &cal_path));
+    if opts.test_on.is_empty() {
+        return Ok((cal_rows, None));
+    }
+    let test_path = dir.join("test.jsonl");
+    let s = score(
+        backend,
+        &spec(&opts.connect, &opts.test_on, name, None),
+        &test_path,
+    )
+    .await?;
+    notes.extend(stats_notes("test", &s, &test_path));
+    let test = load_rows(&test_path)?;
+    let keys: HashSet<_> = cal_rows.iter().map(Row::key).collect();
+    if let Some(r) = test.iter().find(|r| keys.contains(&r.key())) {
+        return Err(EvalError::Usage(format!(
+            "trace {:?} of split {:?} is in both the calibration and the test data: keep them apart",
+            r.id, r.split
+        )));
+    }
+    Ok((cal_rows, Some(test)))
+}
+
+/// The analysis of the test rows (else the calibration rows) re-decided at `t`; with test rows,
+/// their summaries as served and at `t`.
+fn redecide(
+    cal_rows: &[Row],
+    test_rows: Option<&[Row]>,
+    t: f32,
+) -> (Analysis, Option<(Summary, Summary)>) {
+    match test_rows {
+        Some(rows) => {
+            let served = Analysis::of(rows).summary;
+            let tuned: Vec<Row> = rows.iter().map(|r| rethreshold(r, t)).collect();
+            let analysis = Analysis::of(&tuned);
+            let tuned_summary = analysis.summary.clone();
+            (analysis, Some((served, tuned_summary)))
+        }
+        None => {
+            let tuned: Vec<Row> = cal_rows.iter().map(|r| rethreshold(r, t)).collect();
+            (Analysis::of(&tuned), None)
+        }
+    }
+}
+
+/// The headline and the config line for one evaluator.
+fn print_choice(result: &Calibrated, dir: &Path) {
+    let p = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{v:.2}"));
+    let test_note = match result.test_f1 {
+        Some((served, tuned)) => format!(
+            "; test mean F1 {} at this threshold ({} as served)",
+            p(tuned),
+            p(served)
+        ),
+        None => "; no --test-on data, so no held-out figure".into(),
+    };
+    println!(
+        "# evaluator {:?}: calibration mean F1 {:.2}{test_note}; report in {}",
+        result.evaluator,
+        result.calibration_f1,
+        shown(dir)
+    );
+    println!("threshold = {}", result.threshold);
 }

@@ -147,7 +147,7 @@ fn opens_array(head: &[u8]) -> bool {
 }
 
 /// Counts the rows of `path` without parsing them (for the progress bar).
-pub fn count_records(path: &Path) -> Result<usize, DataError> {
+pub(crate) fn count_records(path: &Path) -> Result<usize, DataError> {
     let mut records = read_records(path)?;
     let mut n = 0;
     while let Some(item) = records.next_raw() {
@@ -393,7 +393,7 @@ impl Iterator for Records {
 }
 
 /// The files named, each checked to exist, in order.
-pub fn check_files(files: &[PathBuf]) -> Result<(), DataError> {
+pub(crate) fn check_files(files: &[PathBuf]) -> Result<(), DataError> {
     for f in files {
         if !f.is_file() {
             return Err(DataError {

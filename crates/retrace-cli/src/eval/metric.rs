@@ -47,7 +47,7 @@ pub struct Averages {
 }
 
 /// The harmonic mean of two percentages; 0 when both are 0.
-pub fn f1(error_acc: f64, correct_acc: f64) -> f64 {
+pub(crate) fn f1(error_acc: f64, correct_acc: f64) -> f64 {
     if error_acc + correct_acc == 0.0 {
         0.0
     } else {
@@ -129,12 +129,12 @@ impl Summary {
 
 /// Builds a `Summary` one trace at a time (memory: one entry per split).
 #[derive(Debug, Default)]
-pub struct Accumulator {
+pub(crate) struct Accumulator {
     splits: Vec<(String, Counts, usize)>,
 }
 
 impl Accumulator {
-    pub fn add(&mut self, split: &str, label: i32, prediction: Option<i32>) {
+    pub(crate) fn add(&mut self, split: &str, label: i32, prediction: Option<i32>) {
         let i = match self.splits.iter().position(|(s, ..)| s == split) {
             Some(i) => i,
             None => {
@@ -147,7 +147,7 @@ impl Accumulator {
         entry.2 += usize::from(prediction.is_none());
     }
 
-    pub fn finish(self) -> Summary {
+    pub(crate) fn finish(self) -> Summary {
         Summary::from_splits(
             self.splits
                 .into_iter()

@@ -23,17 +23,17 @@ mod predictions;
 mod report;
 mod run;
 
-pub use analysis::{Analysis, Analyzer, AnswerLevel, CategoryStats, GeneratorStats};
-pub use backend::Backend;
-pub use calibrate::{Choice, Curve, ScoredTrace, first_below, rethreshold, sweep};
+pub use analysis::{Analysis, AnswerLevel, CategoryStats, GeneratorStats};
+pub(crate) use backend::EvalBackend;
+pub use calibrate::{Curve, ScoredTrace, ThresholdChoice, first_below, rethreshold, sweep};
 pub use cli::{
     CalibrateOptions, Calibrated, ConnectOptions, EvalOptions, EvalOutcome, calibrate, eval,
 };
-pub use dataset::{DataError, Record, Records, count_records, read_records, records_from_bytes};
-pub use metric::{Averages, Counts, SplitScore, Summary, f1};
+pub use dataset::{DataError, Record, Records, read_records, records_from_bytes};
+pub use metric::{Averages, Counts, SplitScore, Summary};
 pub use predictions::{Outcome, Row, read_rows};
 pub use report::{Calibration, Report, render_html, render_markdown};
-pub use run::{RunSpec, RunStats, score};
+pub use run::RunStats;
 
 use std::path::PathBuf;
 

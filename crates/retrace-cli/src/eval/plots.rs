@@ -2,7 +2,7 @@
 //! the F1-threshold curve, gold against predicted first-error index, the category confusion.
 
 use super::analysis::Analysis;
-use super::calibrate::{Choice, Curve};
+use super::calibrate::{Curve, ThresholdChoice};
 use super::metric::Summary;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -37,7 +37,7 @@ fn svg(size: (u32, u32), draw: impl FnOnce(&Area) -> PlotResult) -> String {
     }
 }
 
-pub fn html_escape(s: &str) -> String {
+pub(crate) fn html_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -55,7 +55,7 @@ fn heat(share: f64) -> RGBColor {
 }
 
 /// F1 per split (bars) with error and correct accuracy (markers), and the average.
-pub fn f1_per_split(summary: &Summary) -> String {
+pub(crate) fn f1_per_split(summary: &Summary) -> String {
     let mut names: Vec<String> = summary.splits.iter().map(|s| s.split.clone()).collect();
     let mut values: Vec<(Option<f64>, Option<f64>, Option<f64>)> = summary
         .splits
@@ -128,7 +128,7 @@ pub fn f1_per_split(summary: &Summary) -> String {
 }
 
 /// Mean F1 (and each split's) against the threshold, with the chosen threshold marked.
-pub fn threshold_curve(curve: &Curve, choice: &Choice) -> String {
+pub(crate) fn threshold_curve(curve: &Curve, choice: &ThresholdChoice) -> String {
     let samples = curve.sampled(400);
     svg((720, 400), |root| {
         let mut chart = ChartBuilder::on(root)
@@ -187,7 +187,7 @@ pub fn threshold_curve(curve: &Curve, choice: &Choice) -> String {
 }
 
 /// Gold first-error index (x) against predicted (y), each gold column shaded by its share.
-pub fn index_heatmap(pairs: &BTreeMap<(i32, Option<i32>), usize>) -> String {
+pub(crate) fn index_heatmap(pairs: &BTreeMap<(i32, Option<i32>), usize>) -> String {
     const FAILED: i32 = -2;
     // Long traces make huge grids: indices past 20 share one cell.
     let cap = |i: i32| i.min(20);
@@ -255,7 +255,7 @@ pub fn index_heatmap(pairs: &BTreeMap<(i32, Option<i32>), usize>) -> String {
 }
 
 /// Gold category (rows) against predicted category (columns), with counts in the cells.
-pub fn category_heatmap(
+pub(crate) fn category_heatmap(
     confusion: &BTreeMap<(ErrorCategory, Option<ErrorCategory>), usize>,
 ) -> String {
     let rows = ErrorCategory::LABELLED;
@@ -326,7 +326,7 @@ pub fn category_heatmap(
 }
 
 /// Every plot an analysis supports, as (title, svg).
-pub fn for_analysis(a: &Analysis) -> Vec<(&'static str, String)> {
+pub(crate) fn for_analysis(a: &Analysis) -> Vec<(&'static str, String)> {
     let mut out = vec![("F1 per split", f1_per_split(&a.summary))];
     if !a.index_pairs.is_empty() {
         out.push(("First wrong step", index_heatmap(&a.index_pairs)));

@@ -145,16 +145,16 @@ fn read_all_rows(path: &Path, mut f: impl FnMut(usize, Row)) -> Result<(), EvalE
 
 /// What a predictions file already holds, for resuming.
 #[derive(Debug, Default)]
-pub struct Existing {
-    pub keys: HashSet<(String, String)>,
-    pub evaluators: HashSet<String>,
+pub(crate) struct Existing {
+    pub(crate) keys: HashSet<(String, String)>,
+    pub(crate) evaluators: HashSet<String>,
     /// Thresholds that decided the rows already there (a rerun must not mix in another).
-    pub thresholds: Vec<f32>,
+    pub(crate) thresholds: Vec<f32>,
 }
 
 /// Reads the keys already in `path` (absent: none). A last line cut short by a crash is removed,
 /// so that trace is judged again.
-pub fn prepare(path: &Path) -> Result<Existing, EvalError> {
+pub(crate) fn prepare(path: &Path) -> Result<Existing, EvalError> {
     let mut existing = Existing::default();
     let text = match std::fs::read(path) {
         Ok(t) => t,
@@ -204,13 +204,13 @@ pub fn prepare(path: &Path) -> Result<Existing, EvalError> {
 }
 
 /// Appends rows, one line each, flushed as written so a crash loses at most the line in flight.
-pub struct Writer {
+pub(crate) struct Writer {
     file: File,
     path: String,
 }
 
 impl Writer {
-    pub fn append(path: &Path) -> Result<Writer, EvalError> {
+    pub(crate) fn append(path: &Path) -> Result<Writer, EvalError> {
         let file = OpenOptions::new()
             .create(true)
             .append(true)
@@ -222,7 +222,7 @@ impl Writer {
         })
     }
 
-    pub fn write(&mut self, row: &Row) -> Result<(), EvalError> {
+    pub(crate) fn write(&mut self, row: &Row) -> Result<(), EvalError> {
         let mut line = serde_json::to_string(row)
             .map_err(|e| EvalError::io(format!("encoding a row for {}", self.path), e.into()))?;
         line.push('\n');

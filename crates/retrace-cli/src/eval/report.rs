@@ -1,8 +1,8 @@
 //! The report: sections of text, tables and plots, rendered as Markdown and as one
 //! self-contained HTML page (inline CSS and SVG, nothing fetched).
 
-use super::analysis::{Analysis, GeneratorStats};
-use super::calibrate::{Choice, Curve};
+use super::analysis::{Analysis, AnswerLevel, CategoryStats, GeneratorStats};
+use super::calibrate::{Curve, ThresholdChoice};
 use super::metric::Summary;
 use super::plots::{self, html_escape};
 use retrace::trace::ErrorCategory;
@@ -20,9 +20,9 @@ pub struct Report {
 pub struct Calibration {
     pub evaluator: String,
     pub curve: Curve,
-    pub choice: Choice,
+    pub choice: ThresholdChoice,
     /// Each split's own best, when asked for.
-    pub per_split: Vec<(String, Choice)>,
+    pub per_split: Vec<(String, ThresholdChoice)>,
     /// The held-out set at the served threshold and at the chosen one.
     pub test: Option<(Summary, Summary)>,
 }
@@ -123,8 +123,20 @@ fn generator_row(g: &GeneratorStats) -> Vec<String> {
 
 fn sections(r: &Report) -> Vec<Section> {
     let a = &r.analysis;
-    let mut out = Vec::new();
+    let mut out = vec![metric_section(a)];
+    if let Some(c) = &a.categories {
+        out.push(categories_section(c));
+    }
+    if let Some(ans) = &a.answers {
+        out.push(answers_section(ans));
+    }
+    if let Some(c) = &r.calibration {
+        out.push(calibration_section(c));
+    }
+    out
+}
 
+fn metric_section(a: &Analysis) -> Section {
     let mut m = section("ProcessBench metric");
     m.text.push(format!(
         "{} traces, {} failed requests (counted wrong). Error acc: share of traces with a wrong \
@@ -135,87 +147,87 @@ fn sections(r: &Report) -> Vec<Section> {
     m.tables.push(metric_table(&a.summary));
     m.plots
         .extend(plots::for_analysis(a).into_iter().map(|(_, s)| s));
-    out.push(m);
+    m
+}
 
-    if let Some(c) = &a.categories {
-        let mut s = section("Error categories");
-        s.text.push(
-            "Index acc: the first wrong step is found exactly; category acc: the predicted \
-             category equals the gold one. Confusion: gold (rows) against predicted (columns)."
-                .into(),
-        );
-        s.tables.push(table(
-            &["gold category", "traces", "index acc", "category acc"],
-            c.by_gold
-                .iter()
-                .map(|(g, &(n, idx, cat))| {
-                    let p = |k: usize| pct((n > 0).then(|| k as f64 / n as f64 * 100.0));
-                    vec![g.as_str().into(), n.to_string(), p(idx), p(cat)]
-                })
-                .collect(),
-        ));
-        let cols: Vec<Option<ErrorCategory>> = ErrorCategory::LABELLED
+fn categories_section(c: &CategoryStats) -> Section {
+    let mut s = section("Error categories");
+    s.text.push(
+        "Index acc: the first wrong step is found exactly; category acc: the predicted \
+         category equals the gold one. Confusion: gold (rows) against predicted (columns)."
+            .into(),
+    );
+    s.tables.push(table(
+        &["gold category", "traces", "index acc", "category acc"],
+        c.by_gold
             .iter()
-            .copied()
-            .map(Some)
-            .chain([Some(ErrorCategory::Unspecified), None])
-            .collect();
-        let mut headers = vec!["gold \\ predicted".to_string()];
-        headers.extend(
-            cols.iter()
-                .map(|c| c.map_or("failed", ErrorCategory::as_str).to_string()),
-        );
-        let rows = ErrorCategory::LABELLED
-            .iter()
-            .map(|g| {
-                let mut row = vec![g.as_str().to_string()];
-                row.extend(
-                    cols.iter()
-                        .map(|p| c.confusion.get(&(*g, *p)).copied().unwrap_or(0).to_string()),
-                );
-                row
+            .map(|(g, &(n, idx, cat))| {
+                let p = |k: usize| pct((n > 0).then(|| k as f64 / n as f64 * 100.0));
+                vec![g.as_str().into(), n.to_string(), p(idx), p(cat)]
             })
-            .collect();
-        s.tables.push(Table {
-            caption: String::new(),
-            headers,
-            rows,
-        });
-        out.push(s);
-    }
+            .collect(),
+    ));
+    s.tables.push(confusion_table(c));
+    s
+}
 
-    if let Some(ans) = &a.answers {
-        let mut s = section("Answer-level analysis (by generator)");
-        s.text.push(
-            "Answer-only acc: final answer correct. Reasoning-aware acc: final answer correct \
-             and no wrong step, by the gold labels and by the evaluator's verdicts. Inflation: \
-             the points between them. Process error rate: share of correct answers whose trace \
-             has a wrong step. A failed request never counts as a sound trace."
-                .into(),
-        );
-        let mut rows: Vec<Vec<String>> = ans.generators.iter().map(generator_row).collect();
-        rows.push(generator_row(&ans.all));
-        s.tables.push(table(
-            &[
-                "generator",
-                "traces",
-                "answer-only acc",
-                "reasoning-aware acc (gold)",
-                "inflation (gold)",
-                "process error rate (gold)",
-                "reasoning-aware acc (evaluator)",
-                "inflation (evaluator)",
-                "process error rate (evaluator)",
-            ],
-            rows,
-        ));
-        out.push(s);
+/// Gold categories (rows) against predicted ones (columns, then unspecified and failed).
+fn confusion_table(c: &CategoryStats) -> Table {
+    let cols: Vec<Option<ErrorCategory>> = ErrorCategory::LABELLED
+        .iter()
+        .copied()
+        .map(Some)
+        .chain([Some(ErrorCategory::Unspecified), None])
+        .collect();
+    let mut headers = vec!["gold \\ predicted".to_string()];
+    headers.extend(
+        cols.iter()
+            .map(|c| c.map_or("failed", ErrorCategory::as_str).to_string()),
+    );
+    let rows = ErrorCategory::LABELLED
+        .iter()
+        .map(|g| {
+            let mut row = vec![g.as_str().to_string()];
+            row.extend(
+                cols.iter()
+                    .map(|p| c.confusion.get(&(*g, *p)).copied().unwrap_or(0).to_string()),
+            );
+            row
+        })
+        .collect();
+    Table {
+        caption: String::new(),
+        headers,
+        rows,
     }
+}
 
-    if let Some(c) = &r.calibration {
-        out.push(calibration_section(c));
-    }
-    out
+fn answers_section(ans: &AnswerLevel) -> Section {
+    let mut s = section("Answer-level analysis (by generator)");
+    s.text.push(
+        "Answer-only acc: final answer correct. Reasoning-aware acc: final answer correct \
+         and no wrong step, by the gold labels and by the evaluator's verdicts. Inflation: \
+         the points between them. Process error rate: share of correct answers whose trace \
+         has a wrong step. A failed request never counts as a sound trace."
+            .into(),
+    );
+    let mut rows: Vec<Vec<String>> = ans.generators.iter().map(generator_row).collect();
+    rows.push(generator_row(&ans.all));
+    s.tables.push(table(
+        &[
+            "generator",
+            "traces",
+            "answer-only acc",
+            "reasoning-aware acc (gold)",
+            "inflation (gold)",
+            "process error rate (gold)",
+            "reasoning-aware acc (evaluator)",
+            "inflation (evaluator)",
+            "process error rate (evaluator)",
+        ],
+        rows,
+    ));
+    s
 }
 
 fn calibration_section(c: &Calibration) -> Section {

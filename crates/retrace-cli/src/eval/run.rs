@@ -2,7 +2,7 @@
 //! requests in flight) or in-process (an `Engine` built from a config), and appends one
 //! predictions row per answer. Rows already in the output are skipped, so a rerun resumes.
 
-use super::backend::Backend;
+use super::backend::EvalBackend;
 use super::dataset::{self, DataError, Record};
 use super::predictions::{self, Outcome, Row, Writer};
 use super::{EvalError, shown};
@@ -23,19 +23,19 @@ use tonic::transport::Channel;
 
 /// What to judge and how.
 #[derive(Debug, Clone)]
-pub struct RunSpec {
-    pub files: Vec<PathBuf>,
+pub(crate) struct RunSpec {
+    pub(crate) files: Vec<PathBuf>,
     /// Empty: the server's default.
-    pub evaluator: String,
+    pub(crate) evaluator: String,
     /// Overrides the evaluator's threshold.
-    pub threshold: Option<f32>,
+    pub(crate) threshold: Option<f32>,
     /// Requests in flight at once.
-    pub concurrency: usize,
+    pub(crate) concurrency: usize,
     /// At most this many rows from each file.
-    pub limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
     /// Skip (and count) bad rows instead of stopping at the first.
-    pub skip_bad: bool,
-    pub progress: bool,
+    pub(crate) skip_bad: bool,
+    pub(crate) progress: bool,
 }
 
 /// What a run did.
@@ -64,7 +64,11 @@ enum Item {
 }
 
 /// Judges every record of `spec.files` not yet in `out`, appending a row per answer.
-pub async fn score(backend: &Backend, spec: &RunSpec, out: &Path) -> Result<RunStats, EvalError> {
+pub(crate) async fn score(
+    backend: &EvalBackend,
+    spec: &RunSpec,
+    out: &Path,
+) -> Result<RunStats, EvalError> {
     dataset::check_files(&spec.files)?;
     let evaluator = backend.resolve(&spec.evaluator).await?;
     // Name the evaluator on every request, so a default that changes mid-run can't mix rows.
@@ -73,7 +77,53 @@ pub async fn score(backend: &Backend, spec: &RunSpec, out: &Path) -> Result<RunS
         ..spec.clone()
     };
     let existing = predictions::prepare(out)?;
-    if let Some(other) = existing.evaluators.iter().find(|e| **e != evaluator) {
+    check_existing(&existing, spec, out)?;
+    let mut total = 0;
+    for f in &spec.files {
+        let n = dataset::count_records(f)?;
+        total += spec.limit.map_or(n, |l| n.min(l));
+    }
+    let mut sink = Sink {
+        writer: Writer::append(out)?,
+        bar: progress_bar(total as u64, spec.progress),
+        stats: RunStats::default(),
+    };
+    let (tx, rx) = mpsc::channel(spec.concurrency.max(1) * 2);
+    let reader = {
+        let (files, limit, skip_bad) = (spec.files.clone(), spec.limit, spec.skip_bad);
+        tokio::task::spawn_blocking(move || read_all(&files, limit, skip_bad, &existing.keys, tx))
+    };
+    let result = match backend {
+        EvalBackend::Remote { client, token, .. } => {
+            match Remote::open((**client).clone(), token.clone(), spec).await {
+                Ok(judge) => judge_all(judge, spec, rx, &mut sink).await,
+                Err(e) => Err(e),
+            }
+        }
+        EvalBackend::Local { engine } => {
+            let judge = Local {
+                engine: engine.clone(),
+                in_flight: FuturesUnordered::new(),
+            };
+            judge_all(judge, spec, rx, &mut sink).await
+        }
+    };
+    sink.bar.finish_and_clear();
+    result?;
+    reader
+        .await
+        .map_err(|e| EvalError::Usage(format!("the reading thread failed: {e}")))?;
+    Ok(sink.stats)
+}
+
+/// Refuses an output file holding another evaluator's rows, or rows decided at another threshold.
+fn check_existing(
+    existing: &predictions::Existing,
+    spec: &RunSpec,
+    out: &Path,
+) -> Result<(), EvalError> {
+    let evaluator = &spec.evaluator;
+    if let Some(other) = existing.evaluators.iter().find(|e| *e != evaluator) {
         return Err(EvalError::Usage(format!(
             "{} holds predictions of evaluator {other:?}, not {evaluator:?}: choose another output",
             shown(out)
@@ -88,72 +138,40 @@ pub async fn score(backend: &Backend, spec: &RunSpec, out: &Path) -> Result<RunS
             shown(out)
         )));
     }
-    let mut total = 0;
-    for f in &spec.files {
-        let n = dataset::count_records(f)?;
-        total += spec.limit.map_or(n, |l| n.min(l));
-    }
-    let bar = progress_bar(total as u64, spec.progress);
-    let mut writer = Writer::append(out)?;
-    let (tx, rx) = mpsc::channel(spec.concurrency.max(1) * 2);
-    let reader = {
-        let (files, limit, skip_bad) = (spec.files.clone(), spec.limit, spec.skip_bad);
-        tokio::task::spawn_blocking(move || read_all(&files, limit, skip_bad, &existing.keys, tx))
-    };
-    let mut stats = RunStats::default();
-    let mut sink = |row: Row, stats: &mut RunStats| -> Result<(), EvalError> {
-        stats.judged += 1;
-        stats.failed += usize::from(row.prediction.is_none());
-        writer.write(&row)?;
-        bar.inc(1);
+    Ok(())
+}
+
+/// Where answers and skipped rows go: the predictions file, the progress bar, the counts.
+struct Sink {
+    writer: Writer,
+    bar: indicatif::ProgressBar,
+    stats: RunStats,
+}
+
+impl Sink {
+    fn answer(&mut self, row: Row) -> Result<(), EvalError> {
+        self.stats.judged += 1;
+        self.stats.failed += usize::from(row.prediction.is_none());
+        self.writer.write(&row)?;
+        self.bar.inc(1);
         Ok(())
-    };
-    let mut on_item = |item: Item, stats: &mut RunStats| -> Option<Record> {
+    }
+
+    /// The record to judge, or None when the row is already done or bad (counted).
+    fn item(&mut self, item: Item) -> Option<Record> {
         match item {
             Item::Record(r) => return Some(r),
-            Item::Done => stats.already_done += 1,
+            Item::Done => self.stats.already_done += 1,
             Item::Bad(e) => {
-                stats.bad_rows += 1;
-                if stats.bad.len() < BAD_KEPT {
-                    stats.bad.push(e.to_string());
+                self.stats.bad_rows += 1;
+                if self.stats.bad.len() < BAD_KEPT {
+                    self.stats.bad.push(e.to_string());
                 }
             }
         }
-        bar.inc(1);
+        self.bar.inc(1);
         None
-    };
-    let result = match backend {
-        Backend::Remote { client, token, .. } => {
-            let client = (**client).clone();
-            remote(
-                client,
-                token.clone(),
-                spec,
-                rx,
-                &mut stats,
-                &mut on_item,
-                &mut sink,
-            )
-            .await
-        }
-        Backend::Local { engine } => {
-            local(
-                engine.clone(),
-                spec,
-                rx,
-                &mut stats,
-                &mut on_item,
-                &mut sink,
-            )
-            .await
-        }
-    };
-    bar.finish_and_clear();
-    result?;
-    reader
-        .await
-        .map_err(|e| EvalError::Usage(format!("the reading thread failed: {e}")))?;
-    Ok(stats)
+    }
 }
 
 fn progress_bar(total: u64, shown: bool) -> indicatif::ProgressBar {
@@ -203,105 +221,151 @@ fn read_all(
 
 type Input = mpsc::Receiver<Result<Item, DataError>>;
 
-async fn remote(
-    mut client: pb::evaluator_client::EvaluatorClient<Channel>,
-    token: Option<MetadataValue<Ascii>>,
+/// A way of judging records: sent one at a time, answered in any order.
+trait Judge {
+    /// Requests sent and not yet answered.
+    fn in_flight(&self) -> usize;
+    /// Sends `record` off to be judged.
+    async fn send(&mut self, record: Record, spec: &RunSpec) -> Result<(), EvalError>;
+    /// The next answer; never resolves while none can come.
+    async fn answer(&mut self, spec: &RunSpec) -> Result<(Record, Outcome), EvalError>;
+}
+
+/// Keeps up to --concurrency records in flight until the input runs out and every one is
+/// answered, writing each answer as it comes.
+async fn judge_all(
+    mut judge: impl Judge,
     spec: &RunSpec,
     mut input: Input,
-    stats: &mut RunStats,
-    on_item: &mut impl FnMut(Item, &mut RunStats) -> Option<Record>,
-    sink: &mut impl FnMut(Row, &mut RunStats) -> Result<(), EvalError>,
+    sink: &mut Sink,
 ) -> Result<(), EvalError> {
     let window = spec.concurrency.max(1);
-    let (req_tx, req_rx) = mpsc::channel(window);
-    let mut request = tonic::Request::new(ReceiverStream::new(req_rx));
-    if let Some(t) = token {
-        request.metadata_mut().insert("authorization", t);
-    }
-    let mut inbound = client
-        .evaluate_stream(request)
-        .await
-        .map_err(|s| EvalError::Stream(s.to_string()))?
-        .into_inner();
-    // Our own ids on the wire: the data's ids need not be unique across files.
-    let mut pending: HashMap<String, Record> = HashMap::new();
-    let (mut next_id, mut reading) = (0u64, true);
-    while reading || !pending.is_empty() {
+    let mut reading = true;
+    while reading || judge.in_flight() > 0 {
+        let can_send = reading && judge.in_flight() < window;
         tokio::select! {
-            item = input.recv(), if reading && pending.len() < window => match item {
+            item = input.recv(), if can_send => match item {
                 Some(Ok(item)) => {
-                    if let Some(record) = on_item(item, stats) {
-                        let id = next_id.to_string();
-                        next_id += 1;
-                        let req = request_of(&record, id.clone(), spec);
-                        pending.insert(id, record);
-                        req_tx.send(req).await.map_err(|_| {
-                            EvalError::Stream("the request stream closed".into())
-                        })?;
+                    if let Some(record) = sink.item(item) {
+                        judge.send(record, spec).await?;
                     }
                 }
                 Some(Err(e)) => return Err(e.into()),
                 None => reading = false,
             },
-            answer = inbound.next() => match answer {
-                Some(Ok(resp)) => {
-                    let record = pending.remove(&resp.id).ok_or_else(|| {
-                        EvalError::Stream(format!("the server answered an unknown id {:?}", resp.id))
-                    })?;
-                    sink(Row::new(&record, outcome_of(resp)), stats)?;
-                }
-                Some(Err(status)) => return Err(EvalError::Stream(status.to_string())),
-                None => {
-                    return Err(EvalError::Stream(format!(
-                        "the server ended the stream with {} requests unanswered",
-                        pending.len()
-                    )));
-                }
-            },
+            answer = judge.answer(spec) => {
+                let (record, outcome) = answer?;
+                sink.answer(Row::new(&record, outcome))?;
+            }
         }
     }
     Ok(())
 }
 
-async fn local(
-    engine: Arc<Engine>,
-    spec: &RunSpec,
-    mut input: Input,
-    stats: &mut RunStats,
-    on_item: &mut impl FnMut(Item, &mut RunStats) -> Option<Record>,
-    sink: &mut impl FnMut(Row, &mut RunStats) -> Result<(), EvalError>,
-) -> Result<(), EvalError> {
-    let window = spec.concurrency.max(1);
-    let mut in_flight = FuturesUnordered::new();
-    let mut reading = true;
-    while reading || !in_flight.is_empty() {
-        tokio::select! {
-            item = input.recv(), if reading && in_flight.len() < window => match item {
-                Some(Ok(item)) => {
-                    if let Some(record) = on_item(item, stats) {
-                        let (engine, spec) = (engine.clone(), spec.clone());
-                        in_flight.push(async move {
-                            let result = judge_locally(&engine, &record, &spec).await;
-                            (record, result)
-                        });
-                    }
-                }
-                Some(Err(e)) => return Err(e.into()),
-                None => reading = false,
-            },
-            Some((record, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                let outcome = match result {
-                    Ok(v) => judged(v),
-                    Err(e) => Outcome::Failed {
-                        evaluator: spec.evaluator.clone(),
-                        message: e.to_string(),
-                    },
-                };
-                sink(Row::new(&record, outcome), stats)?;
+/// A server, over one EvaluateStream.
+struct Remote {
+    requests: mpsc::Sender<pb::EvaluateRequest>,
+    inbound: tonic::Streaming<pb::EvaluateResponse>,
+    /// By our own ids on the wire: the data's ids need not be unique across files.
+    pending: HashMap<String, Record>,
+    next_id: u64,
+}
+
+impl Remote {
+    async fn open(
+        mut client: pb::evaluator_client::EvaluatorClient<Channel>,
+        token: Option<MetadataValue<Ascii>>,
+        spec: &RunSpec,
+    ) -> Result<Remote, EvalError> {
+        let (requests, req_rx) = mpsc::channel(spec.concurrency.max(1));
+        let mut request = tonic::Request::new(ReceiverStream::new(req_rx));
+        if let Some(t) = token {
+            request.metadata_mut().insert("authorization", t);
+        }
+        let inbound = client
+            .evaluate_stream(request)
+            .await
+            .map_err(|s| EvalError::Stream(s.to_string()))?
+            .into_inner();
+        Ok(Remote {
+            requests,
+            inbound,
+            pending: HashMap::new(),
+            next_id: 0,
+        })
+    }
+}
+
+impl Judge for Remote {
+    fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    async fn send(&mut self, record: Record, spec: &RunSpec) -> Result<(), EvalError> {
+        let id = self.next_id.to_string();
+        self.next_id += 1;
+        let req = request_of(&record, id.clone(), spec);
+        self.pending.insert(id, record);
+        self.requests
+            .send(req)
+            .await
+            .map_err(|_| EvalError::Stream("the request stream closed".into()))
+    }
+
+    /// Listens to the stream even with nothing pending, so a stream that ends early is seen.
+    async fn answer(&mut self, _: &RunSpec) -> Result<(Record, Outcome), EvalError> {
+        match self.inbound.next().await {
+            Some(Ok(resp)) => {
+                let record = self.pending.remove(&resp.id).ok_or_else(|| {
+                    EvalError::Stream(format!("the server answered an unknown id {:?}", resp.id))
+                })?;
+                Ok((record, outcome_of(resp)))
             }
+            Some(Err(status)) => Err(EvalError::Stream(status.to_string())),
+            None => Err(EvalError::Stream(format!(
+                "the server ended the stream with {} requests unanswered",
+                self.pending.len()
+            ))),
         }
     }
-    Ok(())
+}
+
+type Judging =
+    std::pin::Pin<Box<dyn Future<Output = (Record, Result<Verdict, EngineError>)> + Send>>;
+
+/// An engine in this process.
+struct Local {
+    engine: Arc<Engine>,
+    in_flight: FuturesUnordered<Judging>,
+}
+
+impl Judge for Local {
+    fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    async fn send(&mut self, record: Record, spec: &RunSpec) -> Result<(), EvalError> {
+        let (engine, spec) = (self.engine.clone(), spec.clone());
+        self.in_flight.push(Box::pin(async move {
+            let result = judge_locally(&engine, &record, &spec).await;
+            (record, result)
+        }));
+        Ok(())
+    }
+
+    async fn answer(&mut self, spec: &RunSpec) -> Result<(Record, Outcome), EvalError> {
+        let Some((record, result)) = self.in_flight.next().await else {
+            return std::future::pending().await;
+        };
+        let outcome = match result {
+            Ok(v) => judged(v),
+            Err(e) => Outcome::Failed {
+                evaluator: spec.evaluator.clone(),
+                message: e.to_string(),
+            },
+        };
+        Ok((record, outcome))
+    }
 }
 
 async fn judge_locally(
