@@ -172,18 +172,7 @@ pub async fn serve(
         .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stop.signal());
     tokio::pin!(server);
     let http = match listeners.http {
-        Some(listener) => {
-            let router = api::http::router(
-                engine.clone(),
-                BearerAuth::new(config.auth_tokens()?),
-                config.reward.clone(),
-            );
-            Some(tokio::spawn(api::http::serve(
-                listener,
-                router,
-                stop.signal(),
-            )))
-        }
+        Some(listener) => Some(spawn_http(listener, &config, engine.clone(), &stop)?),
         None => None,
     };
 
@@ -231,11 +220,7 @@ pub async fn serve(
     let drained = async {
         let grpc = (&mut server).await;
         if let Some(http) = http {
-            match http.await {
-                Ok(Err(e)) => tracing::error!(error = %e, "HTTP listener failed"),
-                Err(e) => tracing::error!(error = %e, "HTTP listener panicked"),
-                Ok(Ok(())) => {}
-            }
+            join_http(http).await;
         }
         grpc
     };
@@ -246,6 +231,31 @@ pub async fn serve(
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// The HTTP/JSON listener, serving until `stop` fires.
+fn spawn_http(
+    listener: TcpListener,
+    config: &Config,
+    engine: Arc<Engine>,
+    stop: &Stop,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, ServeError> {
+    let auth = BearerAuth::new(config.auth_tokens()?);
+    let router = api::http::router(engine, auth, config.reward.clone());
+    Ok(tokio::spawn(api::http::serve(
+        listener,
+        router,
+        stop.signal(),
+    )))
+}
+
+/// Waits for the HTTP listener to finish draining, logging how it ended.
+async fn join_http(http: tokio::task::JoinHandle<std::io::Result<()>>) {
+    match http.await {
+        Ok(Err(e)) => tracing::error!(error = %e, "HTTP listener failed"),
+        Err(e) => tracing::error!(error = %e, "HTTP listener panicked"),
+        Ok(Ok(())) => {}
     }
 }
 

@@ -107,136 +107,67 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// What kind of metric a name is, for its description.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    GaugeSeconds,
+    Histogram,
+    HistogramSeconds,
+}
+
+/// Every metric's help text, written once.
+const HELP: &[(Kind, &str, &str)] = &[
+    (Kind::Counter, REQUESTS, "Requests answered, by rpc, evaluator and outcome (a gRPC code name)."),
+    (Kind::HistogramSeconds, REQUEST_DURATION, "Request latency by rpc and evaluator."),
+    (Kind::HistogramSeconds, STAGE_DURATION, "Time per pipeline stage (queue, tokenize, inference, judge), by evaluator."),
+    (Kind::Gauge, IN_FLIGHT, "Requests admitted and not yet answered."),
+    (Kind::Gauge, QUEUE_DEPTH, "Requests admitted and waiting for their evaluator, by evaluator."),
+    (Kind::Gauge, EVALUATOR_READY, "1 when the evaluator is loaded and answering."),
+    (Kind::Counter, STEPS_SCORED, "Steps scored, by evaluator."),
+    (Kind::Counter, PREFIX_TOKENS, "Tokens of scored traces, by evaluator and whether they were computed or reused (from the prefix cache, or computed once for rows of a batch that share them)."),
+    (Kind::Gauge, PREFIX_CACHE_BYTES, "Bytes the prefix cache holds, by evaluator."),
+    (Kind::Counter, PREFIX_CACHE_EVICTIONS, "Prefix-cache entries evicted since start, by evaluator."),
+    (Kind::Histogram, BATCH_SIZE, "Traces per model batch, by evaluator."),
+    (Kind::Histogram, BATCH_TOKENS, "Tokens per model batch (packed, so all real), by evaluator."),
+    (Kind::Counter, TOKENS_SCORED, "Real (unpadded) tokens run through the model, by evaluator."),
+    (Kind::GaugeSeconds, MODEL_LOAD, "How long loading the evaluator's model took."),
+    (Kind::Counter, UNAUTHENTICATED, "Requests refused for a missing or invalid bearer token."),
+    (Kind::Counter, JUDGE_REQUESTS, "Judge outcomes, by judge and outcome: replies read (ok, parse_error), failed upstream \
+         exchanges (http_4xx, http_5xx, timeout, connect_error, bad_response), refusals by the \
+         breaker (circuit_open)."),
+    (Kind::HistogramSeconds, JUDGE_REQUEST_DURATION, "Latency of one upstream judge exchange, by judge."),
+    (Kind::Gauge, JUDGE_IN_FLIGHT, "Upstream judge exchanges open now, by judge."),
+    (Kind::Counter, JUDGE_RETRIES, "Upstream judge exchanges retried, by judge and the outcome that caused the retry."),
+    (Kind::Counter, JUDGE_TOKENS, "Tokens the upstream judge reported, by judge and kind (prompt, completion)."),
+    (Kind::Counter, JUDGE_CACHE, "Temperature-0 response cache lookups, by judge and result (hit, miss)."),
+    (Kind::Counter, JUDGE_REPAIRS, "Repair turns sent after an unreadable reply, by judge and result (repaired, failed)."),
+    (Kind::Counter, JUDGE_DISAGREEMENT, "Votes whose samples did not all name the same step, by judge."),
+    (Kind::Counter, JUDGE_BREAKER_OPENED, "Times the judge's circuit breaker opened, by judge."),
+    (Kind::Counter, PRM_UPSTREAM_REQUESTS, "Remote PRM outcomes, by evaluator and outcome: replies read (ok), failed upstream \
+         exchanges (http_4xx, http_5xx, timeout, connect_error, bad_response), refusals by the \
+         breaker (circuit_open)."),
+    (Kind::HistogramSeconds, PRM_UPSTREAM_DURATION, "Latency of one exchange with a remote PRM's server, by evaluator."),
+    (Kind::Gauge, PRM_UPSTREAM_IN_FLIGHT, "Exchanges with a remote PRM's server open now, by evaluator."),
+    (Kind::Counter, PRM_UPSTREAM_RETRIES, "Exchanges with a remote PRM's server retried, by evaluator and the outcome that caused it."),
+    (Kind::Counter, PRM_UPSTREAM_BREAKER_OPENED, "Times a remote PRM's circuit breaker opened, by evaluator."),
+    (Kind::Counter, PRM_UPSTREAM_INEXACT, "Steps of a causal-LM PRM on vLLM whose + or - token fell outside the top log-probabilities \
+         returned (scored with the smallest listed one as its bound), by evaluator."),
+    (Kind::Counter, CASCADE_PATHS, "Cascade decisions, by cascade and path (prm, escalated, categorized)."),
+    (Kind::Counter, DROPPED, "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline)."),
+];
+
 fn describe() {
-    describe_counter!(
-        REQUESTS,
-        "Requests answered, by rpc, evaluator and outcome (a gRPC code name)."
-    );
-    describe_histogram!(
-        REQUEST_DURATION,
-        metrics::Unit::Seconds,
-        "Request latency by rpc and evaluator."
-    );
-    describe_histogram!(
-        STAGE_DURATION,
-        metrics::Unit::Seconds,
-        "Time per pipeline stage (queue, tokenize, inference, judge), by evaluator."
-    );
-    describe_gauge!(IN_FLIGHT, "Requests admitted and not yet answered.");
-    describe_gauge!(
-        QUEUE_DEPTH,
-        "Requests admitted and waiting for their evaluator, by evaluator."
-    );
-    describe_gauge!(
-        EVALUATOR_READY,
-        "1 when the evaluator is loaded and answering."
-    );
-    describe_counter!(STEPS_SCORED, "Steps scored, by evaluator.");
-    describe_counter!(
-        PREFIX_TOKENS,
-        "Tokens of scored traces, by evaluator and whether they were computed or reused (from the prefix cache, or computed once for rows of a batch that share them)."
-    );
-    describe_gauge!(
-        PREFIX_CACHE_BYTES,
-        "Bytes the prefix cache holds, by evaluator."
-    );
-    describe_counter!(
-        PREFIX_CACHE_EVICTIONS,
-        "Prefix-cache entries evicted since start, by evaluator."
-    );
-    describe_histogram!(BATCH_SIZE, "Traces per model batch, by evaluator.");
-    describe_histogram!(
-        BATCH_TOKENS,
-        "Tokens per model batch (packed, so all real), by evaluator."
-    );
-    describe_counter!(
-        TOKENS_SCORED,
-        "Real (unpadded) tokens run through the model, by evaluator."
-    );
-    describe_gauge!(
-        MODEL_LOAD,
-        metrics::Unit::Seconds,
-        "How long loading the evaluator's model took."
-    );
-    describe_counter!(
-        UNAUTHENTICATED,
-        "Requests refused for a missing or invalid bearer token."
-    );
-    describe_counter!(
-        JUDGE_REQUESTS,
-        "Judge outcomes, by judge and outcome: replies read (ok, parse_error), failed upstream \
-         exchanges (http_4xx, http_5xx, timeout, connect_error, bad_response), refusals by the \
-         breaker (circuit_open)."
-    );
-    describe_histogram!(
-        JUDGE_REQUEST_DURATION,
-        metrics::Unit::Seconds,
-        "Latency of one upstream judge exchange, by judge."
-    );
-    describe_gauge!(
-        JUDGE_IN_FLIGHT,
-        "Upstream judge exchanges open now, by judge."
-    );
-    describe_counter!(
-        JUDGE_RETRIES,
-        "Upstream judge exchanges retried, by judge and the outcome that caused the retry."
-    );
-    describe_counter!(
-        JUDGE_TOKENS,
-        "Tokens the upstream judge reported, by judge and kind (prompt, completion)."
-    );
-    describe_counter!(
-        JUDGE_CACHE,
-        "Temperature-0 response cache lookups, by judge and result (hit, miss)."
-    );
-    describe_counter!(
-        JUDGE_REPAIRS,
-        "Repair turns sent after an unreadable reply, by judge and result (repaired, failed)."
-    );
-    describe_counter!(
-        JUDGE_DISAGREEMENT,
-        "Votes whose samples did not all name the same step, by judge."
-    );
-    describe_counter!(
-        JUDGE_BREAKER_OPENED,
-        "Times the judge's circuit breaker opened, by judge."
-    );
-    describe_counter!(
-        PRM_UPSTREAM_REQUESTS,
-        "Remote PRM outcomes, by evaluator and outcome: replies read (ok), failed upstream \
-         exchanges (http_4xx, http_5xx, timeout, connect_error, bad_response), refusals by the \
-         breaker (circuit_open)."
-    );
-    describe_histogram!(
-        PRM_UPSTREAM_DURATION,
-        metrics::Unit::Seconds,
-        "Latency of one exchange with a remote PRM's server, by evaluator."
-    );
-    describe_gauge!(
-        PRM_UPSTREAM_IN_FLIGHT,
-        "Exchanges with a remote PRM's server open now, by evaluator."
-    );
-    describe_counter!(
-        PRM_UPSTREAM_RETRIES,
-        "Exchanges with a remote PRM's server retried, by evaluator and the outcome that caused it."
-    );
-    describe_counter!(
-        PRM_UPSTREAM_BREAKER_OPENED,
-        "Times a remote PRM's circuit breaker opened, by evaluator."
-    );
-    describe_counter!(
-        PRM_UPSTREAM_INEXACT,
-        "Steps of a causal-LM PRM on vLLM whose + or - token fell outside the top log-probabilities \
-         returned (scored with the smallest listed one as its bound), by evaluator."
-    );
-    describe_counter!(
-        CASCADE_PATHS,
-        "Cascade decisions, by cascade and path (prm, escalated, categorized)."
-    );
-    describe_counter!(
-        DROPPED,
-        "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline)."
-    );
+    for &(kind, name, help) in HELP {
+        match kind {
+            Kind::Counter => describe_counter!(name, help),
+            Kind::Gauge => describe_gauge!(name, help),
+            Kind::GaugeSeconds => describe_gauge!(name, metrics::Unit::Seconds, help),
+            Kind::Histogram => describe_histogram!(name, help),
+            Kind::HistogramSeconds => describe_histogram!(name, metrics::Unit::Seconds, help),
+        }
+    }
 }
 
 pub fn record_request(
