@@ -228,7 +228,7 @@ impl Gguf {
 
     /// The matrix stored under Hugging Face name `hf` when it is quantized; `None` when it is
     /// absent or stored in f32/f16/bf16 (those load at full precision).
-    pub fn quantized(&self, hf: &str, device: &Device) -> Result<Option<QTensor>> {
+    pub(crate) fn quantized(&self, hf: &str, device: &Device) -> Result<Option<QTensor>> {
         let Some(name) = self.name_of(hf) else {
             return Ok(None);
         };
@@ -242,7 +242,7 @@ impl Gguf {
     }
 
     /// Rows `ids` of the matrix under Hugging Face name `hf`, dequantized to f32 on the CPU.
-    pub fn rows(&self, hf: &str, ids: &[usize]) -> Result<Tensor> {
+    pub(crate) fn rows(&self, hf: &str, ids: &[usize]) -> Result<Tensor> {
         let name = self
             .name_of(hf)
             .ok_or_else(|| err(&self.path, format!("no tensor for {hf}")))?;
@@ -426,7 +426,7 @@ fn unpermute_rows(bytes: &[u8], rows: usize, heads: usize) -> Option<Vec<u8>> {
 
 /// The file's full-precision tensors for a `VarBuilder`, by Hugging Face name; quantized ones
 /// come dequantized (the decoder asks `Gguf::quantized` first for the matrices it keeps quantized).
-pub struct GgufTensors(pub Arc<Gguf>);
+pub(crate) struct GgufTensors(pub(crate) Arc<Gguf>);
 
 impl SimpleBackend for GgufTensors {
     fn get(
