@@ -209,3 +209,38 @@ fn cached_input(hit: &Hit, p: usize) -> Result<Tensor> {
         .ok_or_else(|| candle_core::Error::Msg(format!("position {p} not cached")))?;
     piece.kv.x.narrow(0, piece.offset + p - piece.pos, 1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::layout;
+
+    #[test]
+    fn reads_group_by_source_once_each_and_come_back_in_the_order_asked() {
+        // Rows 0 and 1 share tokens 0..3 (segment 0), then part (segments 1 and 2); row 2 has
+        // its first two tokens cached and computes the third (segment 3).
+        let rows: [&[u32]; 3] = [&[1, 2, 3, 4], &[1, 2, 3, 5], &[7, 8, 9]];
+        let l = layout(&rows, &[0, 0, 2], true);
+        let positions: [&[usize]; 3] = [&[3, 0, 2], &[2, 3], &[1, 2, 0]];
+        let reads = Reads::group(&positions, &l).unwrap();
+        let groups: Vec<(Source, Vec<usize>)> = reads
+            .groups
+            .iter()
+            .map(|g| (g.source, g.positions.clone()))
+            .collect();
+        assert_eq!(
+            groups,
+            vec![
+                (Source::Stream(1), vec![3]),
+                (Source::Stream(0), vec![0, 2]),
+                (Source::Stream(2), vec![3]),
+                (Source::Stream(3), vec![2]),
+                (Source::Cached(2), vec![0, 1]),
+            ]
+        );
+        // Position 2 of segment 0, read by rows 0 and 1, is one gathered row.
+        assert_eq!(reads.order, vec![0, 1, 2, 2, 3, 6, 4, 5]);
+        let nowhere: [&[usize]; 3] = [&[9], &[], &[]];
+        assert!(Reads::group(&nowhere, &l).is_err());
+    }
+}
