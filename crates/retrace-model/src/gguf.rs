@@ -228,7 +228,7 @@ impl Gguf {
 
     /// The matrix stored under Hugging Face name `hf` when it is quantized; `None` when it is
     /// absent or stored in f32/f16/bf16 (those load at full precision).
-    pub fn quantized(&self, hf: &str, device: &Device) -> Result<Option<QTensor>> {
+    pub(crate) fn quantized(&self, hf: &str, device: &Device) -> Result<Option<QTensor>> {
         let Some(name) = self.name_of(hf) else {
             return Ok(None);
         };
@@ -242,7 +242,7 @@ impl Gguf {
     }
 
     /// Rows `ids` of the matrix under Hugging Face name `hf`, dequantized to f32 on the CPU.
-    pub fn rows(&self, hf: &str, ids: &[usize]) -> Result<Tensor> {
+    pub(crate) fn rows(&self, hf: &str, ids: &[usize]) -> Result<Tensor> {
         let name = self
             .name_of(hf)
             .ok_or_else(|| err(&self.path, format!("no tensor for {hf}")))?;
@@ -269,6 +269,21 @@ impl Gguf {
             .map(|v| v as usize)
     }
 
+    /// llama.cpp's type of each of the `n` tokens (all normal when the file names none).
+    fn token_types(&self, n: usize) -> std::result::Result<Vec<i32>, String> {
+        let fail = |m: String| format!("{}: {m}", self.path.display());
+        match self.meta("tokenizer.ggml.token_type") {
+            Some(v) => v
+                .to_vec()
+                .map_err(|e| fail(e.to_string()))?
+                .iter()
+                .map(|t| t.to_i32())
+                .collect::<Result<_>>()
+                .map_err(|e| fail(format!("tokenizer.ggml.token_type: {e}"))),
+            None => Ok(vec![1; n]),
+        }
+    }
+
     /// `tokenizer.json` for the file's own byte-level BPE vocabulary (`tokenizer.ggml.model =
     /// gpt2`), with the pre-tokenizer llama.cpp names in `tokenizer.ggml.pre`.
     pub fn tokenizer_json(&self) -> std::result::Result<String, String> {
@@ -290,16 +305,7 @@ impl Gguf {
         let merges = self
             .strings("tokenizer.ggml.merges")
             .map_err(|e| e.to_string())?;
-        let types: Vec<i32> = match self.meta("tokenizer.ggml.token_type") {
-            Some(v) => v
-                .to_vec()
-                .map_err(|e| fail(e.to_string()))?
-                .iter()
-                .map(|t| t.to_i32())
-                .collect::<Result<_>>()
-                .map_err(|e| fail(format!("tokenizer.ggml.token_type: {e}")))?,
-            None => vec![1; tokens.len()],
-        };
+        let types = self.token_types(tokens.len())?;
         let pre = self
             .meta("tokenizer.ggml.pre")
             .and_then(|v| v.to_string().ok())
@@ -426,7 +432,7 @@ fn unpermute_rows(bytes: &[u8], rows: usize, heads: usize) -> Option<Vec<u8>> {
 
 /// The file's full-precision tensors for a `VarBuilder`, by Hugging Face name; quantized ones
 /// come dequantized (the decoder asks `Gguf::quantized` first for the matrices it keeps quantized).
-pub struct GgufTensors(pub Arc<Gguf>);
+pub(crate) struct GgufTensors(pub(crate) Arc<Gguf>);
 
 impl SimpleBackend for GgufTensors {
     fn get(

@@ -17,7 +17,7 @@ pub enum HeadSpec {
     LmPair { plus: u32, minus: u32 },
 }
 
-pub enum Head {
+pub(crate) enum Head {
     QwenScore {
         l0: Linear,
         l2: Linear,
@@ -35,7 +35,7 @@ impl Head {
     /// Loads the head's weights from the checkpoint root `vb`. `rows` (the same checkpoint) lets
     /// the LM pair read two rows of the output matrix without materialising the whole of it;
     /// `embed` is the decoder's input embedding, the matrix of a tied LM head.
-    pub fn load(
+    pub(crate) fn load(
         spec: HeadSpec,
         cfg: &ModelConfig,
         vb: VarBuilder,
@@ -91,7 +91,7 @@ impl Head {
     }
 
     /// `hidden` (N, H) in any dtype -> N scores in [0, 1].
-    pub fn scores(&self, hidden: &Tensor) -> Result<Vec<f32>> {
+    pub(crate) fn scores(&self, hidden: &Tensor) -> Result<Vec<f32>> {
         let x = hidden.to_dtype(DType::F32)?;
         let p = match self {
             Self::QwenScore { l0, l2 } => {
@@ -109,7 +109,7 @@ impl Head {
 
 /// Rows `ids` of the 2-D tensor `name`, shape (ids.len(), cols), in the stored dtype on the CPU,
 /// read straight from the mapped bytes (an LM head is 0.5-2 GB; two rows are a few KB).
-pub fn matrix_rows(
+pub(crate) fn matrix_rows(
     weights: &MmapedSafetensors,
     name: &str,
     ids: &[usize],

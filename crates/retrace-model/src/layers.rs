@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// through f32 GEMM instead (see `Lin::forward`).
 const GEMM_ROWS: usize = 16;
 
-pub enum Lin {
+pub(crate) enum Lin {
     Full(Linear),
     Quant {
         w: QMatMul,
@@ -21,7 +21,7 @@ pub enum Lin {
 }
 
 impl Lin {
-    pub fn quant(table: QTensor, b: Option<Tensor>) -> Result<Lin> {
+    pub(crate) fn quant(table: QTensor, b: Option<Tensor>) -> Result<Lin> {
         let table = Arc::new(table);
         Ok(Self::Quant {
             w: QMatMul::from_arc(table.clone())?,
@@ -73,7 +73,7 @@ impl Module for Lin {
     }
 }
 
-pub enum Emb {
+pub(crate) enum Emb {
     Full(Embedding),
     /// Rows are dequantized as they are looked up: the table stays at its quantized size.
     Quant {
@@ -84,14 +84,14 @@ pub enum Emb {
 
 impl Emb {
     /// `ids` (n) -> (n, H) in the model dtype.
-    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         match self {
             Self::Full(e) => e.forward(ids),
             Self::Quant { table, dtype } => table.embedding(ids)?.to_dtype(*dtype),
         }
     }
 
-    pub fn device(&self) -> candle_core::Device {
+    pub(crate) fn device(&self) -> candle_core::Device {
         match self {
             Self::Full(e) => e.embeddings().device().clone(),
             Self::Quant { table, .. } => table.device(),
@@ -99,14 +99,14 @@ impl Emb {
     }
 
     /// The dtype `forward` returns.
-    pub fn dtype(&self) -> DType {
+    pub(crate) fn dtype(&self) -> DType {
         match self {
             Self::Full(e) => e.embeddings().dtype(),
             Self::Quant { dtype, .. } => *dtype,
         }
     }
 
-    pub fn hidden_size(&self) -> usize {
+    pub(crate) fn hidden_size(&self) -> usize {
         match self {
             Self::Full(e) => e.hidden_size(),
             Self::Quant { table, .. } => table.shape().dims().last().copied().unwrap_or(0),
@@ -114,7 +114,7 @@ impl Emb {
     }
 
     /// Rows `ids` of the table, (ids.len(), H) in f32: a tied LM head's rows.
-    pub fn rows(&self, ids: &[u32]) -> Result<Tensor> {
+    pub(crate) fn rows(&self, ids: &[u32]) -> Result<Tensor> {
         let idx = Tensor::new(ids, &self.device())?;
         match self {
             Self::Full(e) => e.embeddings().index_select(&idx, 0)?.to_dtype(DType::F32),

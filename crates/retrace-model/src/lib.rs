@@ -27,26 +27,33 @@
 //! ```
 //!
 //! # Layout
-//! - `model.rs`: `PrmModel`, the one entry point (load, score, reuse).
+//! - `model.rs`: `PrmModel`, loading a checkpoint and the entry points (score, reuse);
+//!   `error.rs`: `ModelError`.
+//! - `batch.rs`: one batch through the prefix cache (look up, lay out, run, insert, evict).
 //! - `config.rs`: `ModelConfig`, mirroring `config.json` (Llama, Mistral, Qwen2).
-//! - `decoder.rs`: the packed decoder; `layers.rs`: linear and embedding layers, f32 or quantized.
+//! - `decoder/`: the packed decoder, run in stages (`stream`, `reads`, `layer`, `attention`,
+//!   `capture`; `packing`: keys and values per packed row); `layers.rs`: linear and embedding
+//!   layers, f32 or quantized.
 //! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair).
 //! - `gguf.rs`, `weights.rs`: checkpoints from GGUF files and safetensors.
-//! - `plan.rs` (a batch's layout of shared segments), `packing.rs` (keys and values per packed
-//!   row), `prefix_cache.rs` (what earlier batches computed).
+//! - `plan.rs` (a batch's layout of shared segments), `prefix_cache.rs` (what earlier batches
+//!   computed).
 
+mod batch;
 mod config;
 mod decoder;
+mod error;
 mod gguf;
 mod head;
 mod layers;
 mod model;
-mod packing;
 mod plan;
 mod prefix_cache;
 mod weights;
 
+pub use batch::{Row, Tokens};
 pub use config::{ConfigError, ModelConfig};
+pub use error::ModelError;
 pub use gguf::Gguf;
 pub use head::HeadSpec;
-pub use model::{CacheStats, ModelError, PrmModel, Reuse, Row, Tokens, is_gguf};
+pub use model::{CacheStats, PrmModel, Reuse, is_gguf};

@@ -1,41 +1,20 @@
-//! A loaded PRM checkpoint (config, decoder and head) and its one entry point: token ids and the
-//! positions to read in, step scores out.
+//! A loaded PRM checkpoint (config, decoder and head): loading it, from a Hugging Face folder or a
+//! GGUF file, and its entry points (token ids and the positions to read in, step scores out; a
+//! batch's own run is `batch`'s).
 
+use crate::batch::{Batch, Row};
 use crate::config::ModelConfig;
 use crate::decoder::Decoder;
+use crate::error::ModelError;
 use crate::gguf::{Gguf, GgufTensors};
 use crate::head::{Head, HeadSpec, matrix_rows};
-use crate::plan::Layout;
-use crate::prefix_cache::{Hit, PrefixCache};
+use crate::prefix_cache::PrefixCache;
 use crate::weights::FileTensors;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error("missing file {}", .0.display())]
-    MissingFile(PathBuf),
-    #[error("cannot read {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{}: bad `{key}`: {reason}", path.display())]
-    BadConfig {
-        path: PathBuf,
-        key: String,
-        reason: String,
-    },
-    #[error("bad input: {0}")]
-    BadInput(String),
-    #[error("device {name:?}: {reason}")]
-    Device { name: String, reason: String },
-    #[error("candle: {0}")]
-    Candle(#[from] candle_core::Error),
-}
 
 /// A PRM ready to score: its weights immutable after loading; its prefix cache (when on) is
 /// the model thread's own.
@@ -47,20 +26,6 @@ pub struct PrmModel {
     /// Rows of one batch that share tokens compute them once (off only to measure it).
     share: bool,
     dtype: DType,
-}
-
-/// One row's scores, and where its tokens came from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
-    pub scores: Vec<f32>,
-    pub tokens: Tokens,
-}
-
-/// Tokens of one row computed for it, and reused (from the cache, or shared in its batch).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Tokens {
-    pub computed: usize,
-    pub reused: usize,
 }
 
 /// A prefix cache's state, for its metrics.
@@ -187,7 +152,7 @@ impl PrmModel {
 
     /// Scores a batch in one forward pass: row `b` is read at `positions[b]` (in that order), and
     /// its scores in [0, 1] come back in the same order. Rows are packed, not padded (see
-    /// `Decoder::forward`).
+    /// `Decoder::run`).
     pub fn score(
         &self,
         batch: &[&[u32]],
@@ -238,114 +203,15 @@ impl PrmModel {
         batch: &[&[u32]],
         positions: &[&[usize]],
     ) -> Result<Vec<Row>, ModelError> {
-        if positions.iter().all(|p| p.is_empty()) {
-            return Ok(batch
-                .iter()
-                .map(|_| Row {
-                    scores: Vec::new(),
-                    tokens: Tokens::default(),
-                })
-                .collect());
-        }
-        let mut cache = match &self.cache {
-            Some(c) => Some(c.lock().map_err(|_| {
-                ModelError::BadInput("the prefix cache was poisoned by a panic".into())
-            })?),
-            None => None,
+        let run = Batch {
+            decoder: &self.decoder,
+            head: &self.head,
+            cache: self.cache.as_ref(),
+            bytes_per_token: self.cache_bytes_per_token(),
+            share: self.share,
         };
-        let lens: Vec<usize> = positions
-            .iter()
-            .map(|p| p.iter().max().map_or(0, |m| m + 1))
-            .collect();
-        let mut pins = Vec::new();
-        let hits: Vec<Hit> = match cache.as_mut() {
-            Some(c) => batch
-                .iter()
-                .zip(&lens)
-                .map(|(row, &len)| {
-                    let (hit, pinned) = c.lookup(&row[..len.min(row.len())]);
-                    pins.extend(pinned);
-                    hit
-                })
-                .collect(),
-            None => vec![Hit::default(); batch.len()],
-        };
-        let result = (|| {
-            let layout = self.decoder.layout(batch, positions, &hits, self.share)?;
-            let capture = match cache.as_mut() {
-                Some(c) => self.make_room(c, &layout),
-                None => Vec::new(),
-            };
-            let out = self
-                .decoder
-                .run(batch, positions, &hits, &layout, &capture)?;
-            if let Some(c) = cache.as_mut() {
-                for (s, kv) in out.captured {
-                    let seg = &layout.segments[s];
-                    c.insert(&batch[seg.row][..seg.pos0 + seg.len], seg.pos0, kv)?;
-                }
-            }
-            Ok::<_, ModelError>((layout, self.head.scores(&out.hidden)?))
-        })();
-        if let Some(c) = cache.as_mut() {
-            c.unpin(&pins);
-            let budget = c.budget();
-            c.evict_to(budget);
-        }
-        let (layout, flat) = result?;
-        let tokens = row_tokens(&layout, &lens);
-        let mut flat = flat.into_iter();
-        Ok(positions
-            .iter()
-            .zip(tokens)
-            .map(|(p, tokens)| Row {
-                scores: flat.by_ref().take(p.len()).collect(),
-                tokens,
-            })
-            .collect())
+        run.score(batch, positions)
     }
-
-    /// Evicts for what the batch computes, and picks the segments the cache keeps: in stream
-    /// order (parents first) while they fit the budget.
-    fn make_room(&self, cache: &mut PrefixCache, layout: &Layout) -> Vec<usize> {
-        let per_token = self.cache_bytes_per_token();
-        let budget = cache.budget();
-        cache.evict_to(budget.saturating_sub(layout.tokens * per_token));
-        let mut room = budget.saturating_sub(cache.bytes());
-        let mut keep = Vec::new();
-        for (i, seg) in layout.segments.iter().enumerate() {
-            let bytes = seg.len * per_token;
-            if bytes > room {
-                break;
-            }
-            room -= bytes;
-            keep.push(i);
-        }
-        keep
-    }
-}
-
-/// Each row's tokens computed for it and reused: a segment several rows share counts as
-/// computed for the first of them.
-fn row_tokens(layout: &Layout, lens: &[usize]) -> Vec<Tokens> {
-    let mut claimed = vec![false; layout.segments.len()];
-    layout
-        .paths
-        .iter()
-        .zip(lens)
-        .map(|(path, &len)| {
-            let mut computed = 0;
-            for &s in path {
-                if !std::mem::replace(&mut claimed[s], true) {
-                    computed += layout.segments[s].len;
-                }
-            }
-            Tokens {
-                computed,
-                reused: len - computed,
-            }
-        })
-        .collect()
 }
 
 /// Whether `path` names a GGUF checkpoint (a file ending in `.gguf`) rather than a folder.

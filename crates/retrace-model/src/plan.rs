@@ -6,32 +6,32 @@
 /// Positions `pos0..pos0 + len` of every row through it, computed once at stream rows
 /// `start..start + len`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Segment {
-    pub start: usize,
-    pub len: usize,
-    pub pos0: usize,
+pub(crate) struct Segment {
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+    pub(crate) pos0: usize,
     /// The segment computed just before this one on its rows' paths: their context between the
     /// cached prefix and `pos0`. `None` when the cached prefix reaches `pos0`.
-    pub parent: Option<usize>,
+    pub(crate) parent: Option<usize>,
     /// A row through this segment; its cached prefix is the segment's cached context.
-    pub row: usize,
+    pub(crate) row: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// Parents before children, in stream order.
-    pub segments: Vec<Segment>,
+    pub(crate) segments: Vec<Segment>,
     /// Per row, the segments covering its positions from its cached length to its end.
-    pub paths: Vec<Vec<usize>>,
+    pub(crate) paths: Vec<Vec<usize>>,
     /// Each row's cached length as the layout uses it.
-    pub cached: Vec<usize>,
+    pub(crate) cached: Vec<usize>,
     /// Tokens in the stream: what the batch computes.
-    pub tokens: usize,
+    pub(crate) tokens: usize,
 }
 
 impl Layout {
     /// The segment of row `row` holding position `pos` (at or past its cached length).
-    pub fn segment_at(&self, row: usize, pos: usize) -> Option<usize> {
+    pub(crate) fn segment_at(&self, row: usize, pos: usize) -> Option<usize> {
         self.paths[row].iter().copied().find(|&s| {
             let seg = &self.segments[s];
             (seg.pos0..seg.pos0 + seg.len).contains(&pos)
@@ -42,7 +42,7 @@ impl Layout {
 /// Lays out `rows` (each already cut to the tokens it needs) whose first `cached[i]` tokens
 /// the cache holds. With `share`, rows computing the same tokens after the same context share
 /// one segment; without it, each row is computed on its own (to measure what sharing saves).
-pub fn layout(rows: &[&[u32]], cached: &[usize], share: bool) -> Layout {
+pub(crate) fn layout(rows: &[&[u32]], cached: &[usize], share: bool) -> Layout {
     let mut out = Layout {
         segments: Vec::new(),
         paths: vec![Vec::new(); rows.len()],

@@ -14,12 +14,12 @@ use std::sync::Arc;
 
 /// What the cache holds for one run of tokens.
 #[derive(Debug)]
-pub struct Kv {
+pub(crate) struct Kv {
     /// Per layer, post-RoPE keys and values, (1, kv heads, tokens, head dim).
-    pub k: Vec<Tensor>,
-    pub v: Vec<Tensor>,
+    pub(crate) k: Vec<Tensor>,
+    pub(crate) v: Vec<Tensor>,
     /// The last layer's input (the residual stream after the layer before it), (tokens, hidden).
-    pub x: Tensor,
+    pub(crate) x: Tensor,
 }
 
 impl Kv {
@@ -29,7 +29,7 @@ impl Kv {
     }
 
     /// Tokens `start..start + len` of this run, copied (a view would keep the whole run alive).
-    pub fn slice(&self, start: usize, len: usize) -> Result<Kv> {
+    pub(crate) fn slice(&self, start: usize, len: usize) -> Result<Kv> {
         let cut = |t: &Tensor| owned(&t.narrow(2, start, len)?);
         Ok(Kv {
             k: self.k.iter().map(cut).collect::<Result<_>>()?,
@@ -41,7 +41,7 @@ impl Kv {
     /// The bytes its tensors' storage really holds, which `bytes` must equal: a tensor that is
     /// a view into a larger one keeps all of that alive, uncounted.
     #[cfg(test)]
-    pub fn held_bytes(&self) -> usize {
+    pub(crate) fn held_bytes(&self) -> usize {
         self.k
             .iter()
             .chain(&self.v)
@@ -54,13 +54,13 @@ impl Kv {
 /// A copy of `view` holding its elements only. Neither `contiguous` nor `copy` will do for
 /// the cache: a narrow along the outermost non-unit dimension is already contiguous, so
 /// `contiguous` returns the view itself, and candle's `copy` clones the whole storage.
-pub fn owned(view: &Tensor) -> Result<Tensor> {
+pub(crate) fn owned(view: &Tensor) -> Result<Tensor> {
     view.force_contiguous()
 }
 
 /// Bytes of the storage behind `t` (CPU tensors; the tests' check of `owned`).
 #[cfg(test)]
-pub fn storage_bytes(t: &Tensor) -> usize {
+pub(crate) fn storage_bytes(t: &Tensor) -> usize {
     use candle_core::{CpuStorage, Storage};
     let (storage, _) = t.storage_and_layout();
     let elems = match &*storage {
@@ -74,19 +74,19 @@ pub fn storage_bytes(t: &Tensor) -> usize {
 
 /// A cached run a batch reads: positions `pos..pos + len`, at `offset` in `kv`.
 #[derive(Debug, Clone)]
-pub struct Piece {
-    pub kv: Arc<Kv>,
-    pub offset: usize,
-    pub pos: usize,
-    pub len: usize,
+pub(crate) struct Piece {
+    pub(crate) kv: Arc<Kv>,
+    pub(crate) offset: usize,
+    pub(crate) pos: usize,
+    pub(crate) len: usize,
 }
 
 /// The longest cached prefix of a row.
 #[derive(Debug, Default, Clone)]
-pub struct Hit {
-    pub pieces: Vec<Piece>,
+pub(crate) struct Hit {
+    pub(crate) pieces: Vec<Piece>,
     /// Tokens of the row covered, from position 0.
-    pub len: usize,
+    pub(crate) len: usize,
 }
 
 const ROOT: usize = 0;
@@ -104,11 +104,11 @@ struct Node {
 
 /// Counters since the cache was made.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct Stats {
-    pub evictions: u64,
+pub(crate) struct Stats {
+    pub(crate) evictions: u64,
 }
 
-pub struct PrefixCache {
+pub(crate) struct PrefixCache {
     nodes: Vec<Option<Node>>,
     free: Vec<usize>,
     budget: usize,
@@ -119,7 +119,7 @@ pub struct PrefixCache {
 
 impl PrefixCache {
     /// An empty cache that holds at most `budget` bytes.
-    pub fn new(budget: usize) -> Self {
+    pub(crate) fn new(budget: usize) -> Self {
         let root = Node {
             tokens: Vec::new(),
             kv: None,
@@ -139,16 +139,16 @@ impl PrefixCache {
         }
     }
 
-    pub fn budget(&self) -> usize {
+    pub(crate) fn budget(&self) -> usize {
         self.budget
     }
 
     /// Bytes held now.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
 
-    pub fn stats(&self) -> Stats {
+    pub(crate) fn stats(&self) -> Stats {
         self.stats
     }
 
@@ -162,7 +162,7 @@ impl PrefixCache {
 
     /// The bytes the cached tensors' storage holds (see `Kv::held_bytes`).
     #[cfg(test)]
-    pub fn held_bytes(&self) -> usize {
+    pub(crate) fn held_bytes(&self) -> usize {
         let kvs = self.nodes.iter().flatten().filter_map(|n| n.kv.as_ref());
         kvs.map(|kv| kv.held_bytes()).sum()
     }
@@ -173,7 +173,7 @@ impl PrefixCache {
     }
 
     /// The longest cached prefix of `tokens`; its nodes are pinned (see `unpin`) and touched.
-    pub fn lookup(&mut self, tokens: &[u32]) -> (Hit, Vec<usize>) {
+    pub(crate) fn lookup(&mut self, tokens: &[u32]) -> (Hit, Vec<usize>) {
         let now = self.tick();
         let (mut hit, mut pinned) = (Hit::default(), Vec::new());
         let mut at = ROOT;
@@ -202,7 +202,7 @@ impl PrefixCache {
     }
 
     /// Releases the pins a `lookup` took.
-    pub fn unpin(&mut self, pinned: &[usize]) {
+    pub(crate) fn unpin(&mut self, pinned: &[usize]) {
         for &id in pinned {
             if let Some(Some(node)) = self.nodes.get_mut(id) {
                 node.pins = node.pins.saturating_sub(1);
@@ -214,7 +214,7 @@ impl PrefixCache {
     /// the same batch, or pinned since its lookup). Tokens already present are skipped (their
     /// slice of `kv` is dropped); a node the new run diverges from inside is split there.
     /// Returns false, adding nothing, when the prefix is not cached.
-    pub fn insert(&mut self, tokens: &[u32], from: usize, kv: Kv) -> Result<bool> {
+    pub(crate) fn insert(&mut self, tokens: &[u32], from: usize, kv: Kv) -> Result<bool> {
         let now = self.tick();
         let (mut at, mut pos) = (ROOT, 0);
         // Walk as far as the tree matches, at most to the end of `tokens`.
@@ -314,7 +314,7 @@ impl PrefixCache {
 
     /// Evicts least recently used leaves (never a pinned one) until at most `target` bytes are
     /// held or nothing more can go. Returns the bytes freed.
-    pub fn evict_to(&mut self, target: usize) -> usize {
+    pub(crate) fn evict_to(&mut self, target: usize) -> usize {
         let before = self.bytes;
         while self.bytes > target {
             let victim = self

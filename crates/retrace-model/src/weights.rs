@@ -21,7 +21,7 @@ struct Entry {
 }
 
 /// The tensors of one or more safetensors files (shards), by name.
-pub struct FileTensors {
+pub(crate) struct FileTensors {
     files: Vec<File>,
     entries: HashMap<String, Entry>,
 }
@@ -46,7 +46,7 @@ fn dtype(name: &str) -> Option<DType> {
 impl FileTensors {
     /// Reads the headers of `paths` (the format: an 8-byte little-endian header length, a JSON
     /// header of `name: {dtype, shape, data_offsets}`, then the data).
-    pub fn open(paths: &[impl AsRef<Path>]) -> Result<FileTensors> {
+    pub(crate) fn open(paths: &[impl AsRef<Path>]) -> Result<FileTensors> {
         let mut files = Vec::new();
         let mut entries = HashMap::new();
         for (i, path) in paths.iter().enumerate() {

@@ -16,9 +16,9 @@ pub(super) enum Src<'a> {
 /// Positions `pos..pos + len`, kept in `src`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Run<'a> {
-    pub pos: usize,
-    pub len: usize,
-    pub src: Src<'a>,
+    pub(super) pos: usize,
+    pub(super) len: usize,
+    pub(super) src: Src<'a>,
 }
 
 /// Keys or values.
@@ -32,16 +32,16 @@ pub(super) enum Which {
 /// `pos0..pos0 + len`; `context` covers positions `0..pos0`, in order.
 #[derive(Debug, Clone)]
 pub(super) struct Seq<'a> {
-    pub start: usize,
-    pub len: usize,
-    pub pos0: usize,
-    pub context: Vec<Run<'a>>,
+    pub(super) start: usize,
+    pub(super) len: usize,
+    pub(super) pos0: usize,
+    pub(super) context: Vec<Run<'a>>,
 }
 
 impl Seq<'_> {
     /// Keys (or values) of layer `layer` at positions `k_start..k_start + k_len`, from the
     /// context and the row's own tokens: `stream` is that layer's (1, nkv, stream, hd).
-    pub fn keys(
+    pub(super) fn keys(
         &self,
         layer: usize,
         which: Which,

@@ -1,0 +1,195 @@
+//! One batch's trip through the prefix cache, start to end: each row's cached prefix looked up
+//! (and pinned), the batch laid out, room made and the segments to keep picked, the decoder run,
+//! what it computed inserted, then the pins released and the cache evicted back to its budget
+//! whatever happened in between; and each row's scores and token counts.
+
+use crate::decoder::Decoder;
+use crate::error::ModelError;
+use crate::head::Head;
+use crate::plan::Layout;
+use crate::prefix_cache::{Hit, PrefixCache};
+use std::sync::Mutex;
+
+/// One row's scores, and where its tokens came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub scores: Vec<f32>,
+    pub tokens: Tokens,
+}
+
+/// Tokens of one row computed for it, and reused (from the cache, or shared in its batch).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tokens {
+    pub computed: usize,
+    pub reused: usize,
+}
+
+/// What a batch runs on: a model's decoder and head, and how it reuses tokens.
+pub(crate) struct Batch<'a> {
+    pub(crate) decoder: &'a Decoder,
+    pub(crate) head: &'a Head,
+    /// The prefix cache, when it is on.
+    pub(crate) cache: Option<&'a Mutex<PrefixCache>>,
+    /// Bytes the cache spends per token.
+    pub(crate) bytes_per_token: usize,
+    /// Rows that share tokens compute them once.
+    pub(crate) share: bool,
+}
+
+/// The cached prefixes a batch reads, pinned (not evicted) until it is done.
+struct Lookup {
+    hits: Vec<Hit>,
+    pins: Vec<usize>,
+}
+
+impl Batch<'_> {
+    /// Scores `rows` at `positions` (checked by the caller). With the cache on, each row starts
+    /// from its longest cached prefix, and what the batch computes is cached after (as much as
+    /// the budget holds, least recently used evicted first).
+    pub(crate) fn score(
+        &self,
+        rows: &[&[u32]],
+        positions: &[&[usize]],
+    ) -> Result<Vec<Row>, ModelError> {
+        if positions.iter().all(|p| p.is_empty()) {
+            return Ok(rows.iter().map(|_| no_reads()).collect());
+        }
+        let mut cache = match self.cache {
+            Some(c) => Some(c.lock().map_err(|_| {
+                ModelError::BadInput("the prefix cache was poisoned by a panic".into())
+            })?),
+            None => None,
+        };
+        let lens = read_lengths(positions);
+        let lookup = lookup(cache.as_deref_mut(), rows, &lens);
+        let result = self.run(cache.as_deref_mut(), rows, positions, &lookup.hits);
+        if let Some(c) = cache.as_deref_mut() {
+            release(c, &lookup.pins);
+        }
+        let (layout, scores) = result?;
+        Ok(split_rows(scores, positions, row_tokens(&layout, &lens)))
+    }
+
+    /// Lays the batch out over its cached prefixes `hits`, runs it and inserts what the cache
+    /// keeps of it; the layout and the scores in row-major read order.
+    fn run(
+        &self,
+        mut cache: Option<&mut PrefixCache>,
+        rows: &[&[u32]],
+        positions: &[&[usize]],
+        hits: &[Hit],
+    ) -> Result<(Layout, Vec<f32>), ModelError> {
+        let layout = self.decoder.layout(rows, positions, hits, self.share)?;
+        let capture = match cache.as_deref_mut() {
+            Some(c) => make_room(c, &layout, self.bytes_per_token),
+            None => Vec::new(),
+        };
+        let out = self.decoder.run(rows, positions, hits, &layout, &capture)?;
+        if let Some(c) = cache {
+            for (s, kv) in out.captured {
+                let seg = &layout.segments[s];
+                c.insert(&rows[seg.row][..seg.pos0 + seg.len], seg.pos0, kv)?;
+            }
+        }
+        Ok((layout, self.head.scores(&out.hidden)?))
+    }
+}
+
+/// The result for a row with nothing to read.
+fn no_reads() -> Row {
+    Row {
+        scores: Vec::new(),
+        tokens: Tokens::default(),
+    }
+}
+
+/// Tokens each row needs: up to its last read.
+fn read_lengths(positions: &[&[usize]]) -> Vec<usize> {
+    positions
+        .iter()
+        .map(|p| p.iter().max().map_or(0, |m| m + 1))
+        .collect()
+}
+
+/// Each row's longest cached prefix (of the tokens it needs, `lens`), pinned; nothing without
+/// a cache.
+fn lookup(cache: Option<&mut PrefixCache>, rows: &[&[u32]], lens: &[usize]) -> Lookup {
+    let Some(c) = cache else {
+        return Lookup {
+            hits: vec![Hit::default(); rows.len()],
+            pins: Vec::new(),
+        };
+    };
+    let mut pins = Vec::new();
+    let hits = rows
+        .iter()
+        .zip(lens)
+        .map(|(row, &len)| {
+            let (hit, pinned) = c.lookup(&row[..len.min(row.len())]);
+            pins.extend(pinned);
+            hit
+        })
+        .collect();
+    Lookup { hits, pins }
+}
+
+/// Evicts for what the batch computes, and picks the segments the cache keeps: in stream
+/// order (parents first) while they fit the budget.
+fn make_room(cache: &mut PrefixCache, layout: &Layout, per_token: usize) -> Vec<usize> {
+    let budget = cache.budget();
+    cache.evict_to(budget.saturating_sub(layout.tokens * per_token));
+    let mut room = budget.saturating_sub(cache.bytes());
+    let mut keep = Vec::new();
+    for (i, seg) in layout.segments.iter().enumerate() {
+        let bytes = seg.len * per_token;
+        if bytes > room {
+            break;
+        }
+        room -= bytes;
+        keep.push(i);
+    }
+    keep
+}
+
+/// Unpins what the batch read and evicts back to the budget.
+fn release(cache: &mut PrefixCache, pins: &[usize]) {
+    cache.unpin(pins);
+    let budget = cache.budget();
+    cache.evict_to(budget);
+}
+
+/// The batch's scores (row-major) cut into rows, each with its token counts.
+fn split_rows(scores: Vec<f32>, positions: &[&[usize]], tokens: Vec<Tokens>) -> Vec<Row> {
+    let mut scores = scores.into_iter();
+    positions
+        .iter()
+        .zip(tokens)
+        .map(|(p, tokens)| Row {
+            scores: scores.by_ref().take(p.len()).collect(),
+            tokens,
+        })
+        .collect()
+}
+
+/// Each row's tokens computed for it and reused: a segment several rows share counts as
+/// computed for the first of them.
+fn row_tokens(layout: &Layout, lens: &[usize]) -> Vec<Tokens> {
+    let mut claimed = vec![false; layout.segments.len()];
+    layout
+        .paths
+        .iter()
+        .zip(lens)
+        .map(|(path, &len)| {
+            let mut computed = 0;
+            for &s in path {
+                if !std::mem::replace(&mut claimed[s], true) {
+                    computed += layout.segments[s].len;
+                }
+            }
+            Tokens {
+                computed,
+                reused: len - computed,
+            }
+        })
+        .collect()
+}

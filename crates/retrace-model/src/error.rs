@@ -1,0 +1,26 @@
+//! The crate's one error type: what loading a checkpoint or scoring a batch can fail with.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("missing file {}", .0.display())]
+    MissingFile(PathBuf),
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: bad `{key}`: {reason}", path.display())]
+    BadConfig {
+        path: PathBuf,
+        key: String,
+        reason: String,
+    },
+    #[error("bad input: {0}")]
+    BadInput(String),
+    #[error("device {name:?}: {reason}")]
+    Device { name: String, reason: String },
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+}
