@@ -119,43 +119,167 @@ enum Kind {
 
 /// Every metric's help text, written once.
 const HELP: &[(Kind, &str, &str)] = &[
-    (Kind::Counter, REQUESTS, "Requests answered, by rpc, evaluator and outcome (a gRPC code name)."),
-    (Kind::HistogramSeconds, REQUEST_DURATION, "Request latency by rpc and evaluator."),
-    (Kind::HistogramSeconds, STAGE_DURATION, "Time per pipeline stage (queue, tokenize, inference, judge), by evaluator."),
-    (Kind::Gauge, IN_FLIGHT, "Requests admitted and not yet answered."),
-    (Kind::Gauge, QUEUE_DEPTH, "Requests admitted and waiting for their evaluator, by evaluator."),
-    (Kind::Gauge, EVALUATOR_READY, "1 when the evaluator is loaded and answering."),
+    (
+        Kind::Counter,
+        REQUESTS,
+        "Requests answered, by rpc, evaluator and outcome (a gRPC code name).",
+    ),
+    (
+        Kind::HistogramSeconds,
+        REQUEST_DURATION,
+        "Request latency by rpc and evaluator.",
+    ),
+    (
+        Kind::HistogramSeconds,
+        STAGE_DURATION,
+        "Time per pipeline stage (queue, tokenize, inference, judge), by evaluator.",
+    ),
+    (
+        Kind::Gauge,
+        IN_FLIGHT,
+        "Requests admitted and not yet answered.",
+    ),
+    (
+        Kind::Gauge,
+        QUEUE_DEPTH,
+        "Requests admitted and waiting for their evaluator, by evaluator.",
+    ),
+    (
+        Kind::Gauge,
+        EVALUATOR_READY,
+        "1 when the evaluator is loaded and answering.",
+    ),
     (Kind::Counter, STEPS_SCORED, "Steps scored, by evaluator."),
-    (Kind::Counter, PREFIX_TOKENS, "Tokens of scored traces, by evaluator and whether they were computed or reused (from the prefix cache, or computed once for rows of a batch that share them)."),
-    (Kind::Gauge, PREFIX_CACHE_BYTES, "Bytes the prefix cache holds, by evaluator."),
-    (Kind::Counter, PREFIX_CACHE_EVICTIONS, "Prefix-cache entries evicted since start, by evaluator."),
-    (Kind::Histogram, BATCH_SIZE, "Traces per model batch, by evaluator."),
-    (Kind::Histogram, BATCH_TOKENS, "Tokens per model batch (packed, so all real), by evaluator."),
-    (Kind::Counter, TOKENS_SCORED, "Real (unpadded) tokens run through the model, by evaluator."),
-    (Kind::GaugeSeconds, MODEL_LOAD, "How long loading the evaluator's model took."),
-    (Kind::Counter, UNAUTHENTICATED, "Requests refused for a missing or invalid bearer token."),
-    (Kind::Counter, JUDGE_REQUESTS, "Judge outcomes, by judge and outcome: replies read (ok, parse_error), failed upstream \
+    (
+        Kind::Counter,
+        PREFIX_TOKENS,
+        "Tokens of scored traces, by evaluator and whether they were computed or reused (from the prefix cache, or computed once for rows of a batch that share them).",
+    ),
+    (
+        Kind::Gauge,
+        PREFIX_CACHE_BYTES,
+        "Bytes the prefix cache holds, by evaluator.",
+    ),
+    (
+        Kind::Counter,
+        PREFIX_CACHE_EVICTIONS,
+        "Prefix-cache entries evicted since start, by evaluator.",
+    ),
+    (
+        Kind::Histogram,
+        BATCH_SIZE,
+        "Traces per model batch, by evaluator.",
+    ),
+    (
+        Kind::Histogram,
+        BATCH_TOKENS,
+        "Tokens per model batch (packed, so all real), by evaluator.",
+    ),
+    (
+        Kind::Counter,
+        TOKENS_SCORED,
+        "Real (unpadded) tokens run through the model, by evaluator.",
+    ),
+    (
+        Kind::GaugeSeconds,
+        MODEL_LOAD,
+        "How long loading the evaluator's model took.",
+    ),
+    (
+        Kind::Counter,
+        UNAUTHENTICATED,
+        "Requests refused for a missing or invalid bearer token.",
+    ),
+    (
+        Kind::Counter,
+        JUDGE_REQUESTS,
+        "Judge outcomes, by judge and outcome: replies read (ok, parse_error), failed upstream \
          exchanges (http_4xx, http_5xx, timeout, connect_error, bad_response), refusals by the \
-         breaker (circuit_open)."),
-    (Kind::HistogramSeconds, JUDGE_REQUEST_DURATION, "Latency of one upstream judge exchange, by judge."),
-    (Kind::Gauge, JUDGE_IN_FLIGHT, "Upstream judge exchanges open now, by judge."),
-    (Kind::Counter, JUDGE_RETRIES, "Upstream judge exchanges retried, by judge and the outcome that caused the retry."),
-    (Kind::Counter, JUDGE_TOKENS, "Tokens the upstream judge reported, by judge and kind (prompt, completion)."),
-    (Kind::Counter, JUDGE_CACHE, "Temperature-0 response cache lookups, by judge and result (hit, miss)."),
-    (Kind::Counter, JUDGE_REPAIRS, "Repair turns sent after an unreadable reply, by judge and result (repaired, failed)."),
-    (Kind::Counter, JUDGE_DISAGREEMENT, "Votes whose samples did not all name the same step, by judge."),
-    (Kind::Counter, JUDGE_BREAKER_OPENED, "Times the judge's circuit breaker opened, by judge."),
-    (Kind::Counter, PRM_UPSTREAM_REQUESTS, "Remote PRM outcomes, by evaluator and outcome: replies read (ok), failed upstream \
+         breaker (circuit_open).",
+    ),
+    (
+        Kind::HistogramSeconds,
+        JUDGE_REQUEST_DURATION,
+        "Latency of one upstream judge exchange, by judge.",
+    ),
+    (
+        Kind::Gauge,
+        JUDGE_IN_FLIGHT,
+        "Upstream judge exchanges open now, by judge.",
+    ),
+    (
+        Kind::Counter,
+        JUDGE_RETRIES,
+        "Upstream judge exchanges retried, by judge and the outcome that caused the retry.",
+    ),
+    (
+        Kind::Counter,
+        JUDGE_TOKENS,
+        "Tokens the upstream judge reported, by judge and kind (prompt, completion).",
+    ),
+    (
+        Kind::Counter,
+        JUDGE_CACHE,
+        "Temperature-0 response cache lookups, by judge and result (hit, miss).",
+    ),
+    (
+        Kind::Counter,
+        JUDGE_REPAIRS,
+        "Repair turns sent after an unreadable reply, by judge and result (repaired, failed).",
+    ),
+    (
+        Kind::Counter,
+        JUDGE_DISAGREEMENT,
+        "Votes whose samples did not all name the same step, by judge.",
+    ),
+    (
+        Kind::Counter,
+        JUDGE_BREAKER_OPENED,
+        "Times the judge's circuit breaker opened, by judge.",
+    ),
+    (
+        Kind::Counter,
+        PRM_UPSTREAM_REQUESTS,
+        "Remote PRM outcomes, by evaluator and outcome: replies read (ok), failed upstream \
          exchanges (http_4xx, http_5xx, timeout, connect_error, bad_response), refusals by the \
-         breaker (circuit_open)."),
-    (Kind::HistogramSeconds, PRM_UPSTREAM_DURATION, "Latency of one exchange with a remote PRM's server, by evaluator."),
-    (Kind::Gauge, PRM_UPSTREAM_IN_FLIGHT, "Exchanges with a remote PRM's server open now, by evaluator."),
-    (Kind::Counter, PRM_UPSTREAM_RETRIES, "Exchanges with a remote PRM's server retried, by evaluator and the outcome that caused it."),
-    (Kind::Counter, PRM_UPSTREAM_BREAKER_OPENED, "Times a remote PRM's circuit breaker opened, by evaluator."),
-    (Kind::Counter, PRM_UPSTREAM_INEXACT, "Steps of a causal-LM PRM on vLLM whose + or - token fell outside the top log-probabilities \
-         returned (scored with the smallest listed one as its bound), by evaluator."),
-    (Kind::Counter, CASCADE_PATHS, "Cascade decisions, by cascade and path (prm, escalated, categorized)."),
-    (Kind::Counter, DROPPED, "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline)."),
+         breaker (circuit_open).",
+    ),
+    (
+        Kind::HistogramSeconds,
+        PRM_UPSTREAM_DURATION,
+        "Latency of one exchange with a remote PRM's server, by evaluator.",
+    ),
+    (
+        Kind::Gauge,
+        PRM_UPSTREAM_IN_FLIGHT,
+        "Exchanges with a remote PRM's server open now, by evaluator.",
+    ),
+    (
+        Kind::Counter,
+        PRM_UPSTREAM_RETRIES,
+        "Exchanges with a remote PRM's server retried, by evaluator and the outcome that caused it.",
+    ),
+    (
+        Kind::Counter,
+        PRM_UPSTREAM_BREAKER_OPENED,
+        "Times a remote PRM's circuit breaker opened, by evaluator.",
+    ),
+    (
+        Kind::Counter,
+        PRM_UPSTREAM_INEXACT,
+        "Steps of a causal-LM PRM on vLLM whose + or - token fell outside the top log-probabilities \
+         returned (scored with the smallest listed one as its bound), by evaluator.",
+    ),
+    (
+        Kind::Counter,
+        CASCADE_PATHS,
+        "Cascade decisions, by cascade and path (prm, escalated, categorized).",
+    ),
+    (
+        Kind::Counter,
+        DROPPED,
+        "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline).",
+    ),
 ];
 
 fn describe() {

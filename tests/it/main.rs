@@ -4,6 +4,8 @@
 //! `overload`, `sigterm` and `unreadable` read or change process-wide state, so each is a binary
 //! of its own. Metrics are process-wide too: a test that reads one names an evaluator no other
 //! test uses.
+// A test crate's helpers are `pub` for its modules, not an API: nothing outside reaches them.
+#![allow(unreachable_pub)]
 
 mod bench;
 mod cli;

@@ -1,5 +1,7 @@
 //! Admission control: past max_in_flight, RESOURCE_EXHAUSTED at once, and the in-flight gauge
 //! moves. In its own test binary because the in-flight gauge is process-wide.
+// A test crate's helpers are `pub` for its modules, not an API: nothing outside reaches them.
+#![allow(unreachable_pub)]
 
 #[path = "common/mod.rs"]
 mod common;

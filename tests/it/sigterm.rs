@@ -1,5 +1,7 @@
 //! SIGTERM with requests in flight: they complete, health turns NOT_SERVING, the server returns Ok.
 //! In its own test binary because it signals its own process.
+// A test crate's helpers are `pub` for its modules, not an API: nothing outside reaches them.
+#![allow(unreachable_pub)]
 
 #[path = "common/mod.rs"]
 mod common;

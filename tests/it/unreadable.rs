@@ -2,6 +2,8 @@
 //! that are not the message, a message over the 4 MiB limit, no message, a frame cut short.
 //! Each gets INVALID_ARGUMENT naming the request, never tonic's INTERNAL or OUT_OF_RANGE, and
 //! is counted. In its own test binary because it reads process-wide counters.
+// A test crate's helpers are `pub` for its modules, not an API: nothing outside reaches them.
+#![allow(unreachable_pub)]
 
 #[path = "common/mod.rs"]
 mod common;

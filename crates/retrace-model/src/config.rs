@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 /// What went wrong in a `config.json`, naming the key.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ConfigError {
+pub struct ModelConfigError {
     pub key: String,
     pub reason: String,
 }
@@ -74,7 +74,7 @@ pub struct Llama3Scaling {
     pub original_max_position_embeddings: usize,
 }
 
-impl ConfigError {
+impl ModelConfigError {
     fn new(key: &str, reason: impl Into<String>) -> Self {
         Self {
             key: key.to_string(),
@@ -83,20 +83,20 @@ impl ConfigError {
     }
 }
 
-impl std::fmt::Display for ConfigError {
+impl std::fmt::Display for ModelConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "key `{}`: {}", self.key, self.reason)
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for ModelConfigError {}
 
 impl ModelConfig {
     /// Parses and validates `config.json` text.
-    pub fn from_json(text: &str) -> Result<Self, ConfigError> {
+    pub fn from_json(text: &str) -> Result<Self, ModelConfigError> {
         let cfg: ModelConfig = serde_json::from_str(text).map_err(|e| {
             let key = key_of_json_error(text, &e);
-            ConfigError {
+            ModelConfigError {
                 key,
                 reason: e.to_string(),
             }
@@ -134,14 +134,14 @@ impl ModelConfig {
     }
 
     /// RoPE inverse frequencies (head_dim / 2 of them), with `rope_scaling` applied.
-    pub fn rope_inv_freq(&self) -> Result<Vec<f64>, ConfigError> {
+    pub fn rope_inv_freq(&self) -> Result<Vec<f64>, ModelConfigError> {
         let (hd, theta) = (self.head_dim() as f64, self.rope_theta());
         let mut inv: Vec<f64> = (0..self.head_dim() / 2)
             .map(|i| 1.0 / theta.powf(2.0 * i as f64 / hd))
             .collect();
         if let Some(factors) = &self.rope_freq_factors {
             if factors.len() != inv.len() {
-                return Err(ConfigError::new(
+                return Err(ModelConfigError::new(
                     "rope_freqs",
                     format!("{} factors for {} frequencies", factors.len(), inv.len()),
                 ));
@@ -170,7 +170,7 @@ impl ModelConfig {
     }
 
     /// The validated `rope_scaling`; `None` for plain RoPE.
-    pub fn rope_scaling(&self) -> Result<Option<Llama3Scaling>, ConfigError> {
+    pub fn rope_scaling(&self) -> Result<Option<Llama3Scaling>, ModelConfigError> {
         let Some(rs) = &self.rope_scaling else {
             return Ok(None);
         };
@@ -184,7 +184,7 @@ impl ModelConfig {
             "llama3" => {
                 let need = |v: Option<f64>, k: &str| {
                     v.filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| {
-                        ConfigError::new(
+                        ModelConfigError::new(
                             &format!("rope_scaling.{k}"),
                             "missing or not a positive number",
                         )
@@ -198,21 +198,21 @@ impl ModelConfig {
                         .original_max_position_embeddings
                         .filter(|n| *n > 0)
                         .ok_or_else(|| {
-                            ConfigError::new(
+                            ModelConfigError::new(
                                 "rope_scaling.original_max_position_embeddings",
                                 "missing or zero",
                             )
                         })?,
                 };
                 if s.high_freq_factor <= s.low_freq_factor {
-                    return Err(ConfigError::new(
+                    return Err(ModelConfigError::new(
                         "rope_scaling.high_freq_factor",
                         "must exceed low_freq_factor",
                     ));
                 }
                 Ok(Some(s))
             }
-            other => Err(ConfigError::new(
+            other => Err(ModelConfigError::new(
                 "rope_scaling",
                 format!(
                     "unsupported rope scaling type {other:?} (supported: \"llama3\", \"default\")"
@@ -221,9 +221,9 @@ impl ModelConfig {
         }
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ModelConfigError> {
         if !matches!(self.model_type.as_str(), "llama" | "mistral" | "qwen2") {
-            return Err(ConfigError::new(
+            return Err(ModelConfigError::new(
                 "model_type",
                 format!(
                     "unsupported {:?} (supported: llama, mistral, qwen2)",
@@ -232,7 +232,7 @@ impl ModelConfig {
             ));
         }
         if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
-            return Err(ConfigError::new(
+            return Err(ModelConfigError::new(
                 "hidden_act",
                 format!("unsupported {act:?} (only silu)"),
             ));
@@ -247,37 +247,40 @@ impl ModelConfig {
             ("vocab_size", self.vocab_size),
         ];
         if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
-            return Err(ConfigError::new(key, "must be positive"));
+            return Err(ModelConfigError::new(key, "must be positive"));
         }
         if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
-            return Err(ConfigError::new(
+            return Err(ModelConfigError::new(
                 "num_attention_heads",
                 "does not divide hidden_size (and head_dim is not set)",
             ));
         }
         if !self.head_dim().is_multiple_of(2) {
-            return Err(ConfigError::new("head_dim", "must be even for RoPE"));
+            return Err(ModelConfigError::new("head_dim", "must be even for RoPE"));
         }
         if !self.num_attention_heads.is_multiple_of(self.kv_heads()) {
-            return Err(ConfigError::new(
+            return Err(ModelConfigError::new(
                 "num_key_value_heads",
                 "must divide num_attention_heads",
             ));
         }
         if self.sliding_window == Some(0) {
-            return Err(ConfigError::new(
+            return Err(ModelConfigError::new(
                 "sliding_window",
                 "must be positive or null",
             ));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return Err(ConfigError::new(
+            return Err(ModelConfigError::new(
                 "rms_norm_eps",
                 "must be a positive number",
             ));
         }
         if !(self.rope_theta().is_finite() && self.rope_theta() > 0.0) {
-            return Err(ConfigError::new("rope_theta", "must be a positive number"));
+            return Err(ModelConfigError::new(
+                "rope_theta",
+                "must be a positive number",
+            ));
         }
         self.rope_scaling().map(|_| ())
     }
@@ -319,7 +322,7 @@ fn key_of_json_error(text: &str, e: &serde_json::Error) -> String {
 mod tests {
     use super::*;
 
-    fn parse(overrides: &str) -> Result<ModelConfig, ConfigError> {
+    fn parse(overrides: &str) -> Result<ModelConfig, ModelConfigError> {
         let mut v: serde_json::Value = serde_json::from_str(
             r#"{"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -52,7 +52,7 @@ mod prefix_cache;
 mod weights;
 
 pub use batch::{Row, Tokens};
-pub use config::{ConfigError, ModelConfig};
+pub use config::{ModelConfig, ModelConfigError};
 pub use error::ModelError;
 pub use gguf::Gguf;
 pub use head::HeadSpec;
