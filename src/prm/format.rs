@@ -118,6 +118,8 @@ pub enum LoadError {
     },
     #[error(transparent)]
     Tokenize(#[from] TokenizeError),
+    #[error(transparent)]
+    Model(#[from] retrace_model::ModelError),
 }
 
 /// The tokenizer refused a text, or encoded it to nothing.
@@ -179,8 +181,7 @@ impl Formatter {
         let tokenizer = if tokenizer_path.is_file() {
             Tokenizer::from_file(&tokenizer_path).map_err(|e| file_error(&tokenizer_path, e))?
         } else {
-            gguf.tokenizer_json()
-                .map_err(|e| file_error(path, e))?
+            gguf.tokenizer_json()?
                 .parse::<Tokenizer>()
                 .map_err(|e| file_error(path, format!("rebuilding its tokenizer: {e}")))?
         };

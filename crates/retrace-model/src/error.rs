@@ -17,6 +17,9 @@ pub enum ModelError {
         key: String,
         reason: String,
     },
+    /// A GGUF file's tokenizer can't be rebuilt from its metadata.
+    #[error("{}: {reason}", path.display())]
+    Tokenizer { path: PathBuf, reason: String },
     #[error("bad input: {0}")]
     BadInput(String),
     #[error("device {name:?}: {reason}")]

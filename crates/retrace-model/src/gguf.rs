@@ -4,6 +4,7 @@
 //! file's own vocabulary when no `tokenizer.json` lies beside it.
 
 use crate::config::ModelConfig;
+use crate::error::ModelError;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor, ggml_file::qtensor_from_ggml};
 use candle_core::{DType, Device, Result, Shape, Tensor};
@@ -269,9 +270,16 @@ impl Gguf {
             .map(|v| v as usize)
     }
 
+    fn tokenizer_error(&self, reason: String) -> ModelError {
+        ModelError::Tokenizer {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+
     /// llama.cpp's type of each of the `n` tokens (all normal when the file names none).
-    fn token_types(&self, n: usize) -> std::result::Result<Vec<i32>, String> {
-        let fail = |m: String| format!("{}: {m}", self.path.display());
+    fn token_types(&self, n: usize) -> std::result::Result<Vec<i32>, ModelError> {
+        let fail = |reason: String| self.tokenizer_error(reason);
         match self.meta("tokenizer.ggml.token_type") {
             Some(v) => v
                 .to_vec()
@@ -286,8 +294,8 @@ impl Gguf {
 
     /// `tokenizer.json` for the file's own byte-level BPE vocabulary (`tokenizer.ggml.model =
     /// gpt2`), with the pre-tokenizer llama.cpp names in `tokenizer.ggml.pre`.
-    pub fn tokenizer_json(&self) -> std::result::Result<String, String> {
-        let fail = |m: String| format!("{}: {m}", self.path.display());
+    pub fn tokenizer_json(&self) -> std::result::Result<String, ModelError> {
+        let fail = |reason: String| self.tokenizer_error(reason);
         let model = self
             .meta("tokenizer.ggml.model")
             .and_then(|v| v.to_string().ok())
@@ -301,10 +309,10 @@ impl Gguf {
         }
         let tokens = self
             .strings("tokenizer.ggml.tokens")
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| fail(e.to_string()))?;
         let merges = self
             .strings("tokenizer.ggml.merges")
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| fail(e.to_string()))?;
         let types = self.token_types(tokens.len())?;
         let pre = self
             .meta("tokenizer.ggml.pre")
