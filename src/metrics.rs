@@ -29,6 +29,7 @@ pub const JUDGE_RETRIES: &str = "retrace_judge_retries_total";
 pub const JUDGE_TOKENS: &str = "retrace_judge_tokens_total";
 pub const JUDGE_CACHE: &str = "retrace_judge_cache_total";
 pub const JUDGE_REPAIRS: &str = "retrace_judge_repairs_total";
+pub const JUDGE_SCHEMA_IGNORED: &str = "retrace_judge_schema_ignored_total";
 pub const JUDGE_DISAGREEMENT: &str = "retrace_judge_vote_disagreements_total";
 pub const JUDGE_BREAKER_OPENED: &str = "retrace_judge_breaker_opened_total";
 pub const CASCADE_PATHS: &str = "retrace_cascade_total";
@@ -226,6 +227,12 @@ const HELP: &[(Kind, &str, &str)] = &[
         Kind::Counter,
         JUDGE_REPAIRS,
         "Repair turns sent after an unreadable reply, by judge and result (repaired, failed).",
+    ),
+    (
+        Kind::Counter,
+        JUDGE_SCHEMA_IGNORED,
+        "Replies asked for under a JSON schema that came back as text (the upstream ignored \
+         response_format) and were read as text, by judge.",
     ),
     (
         Kind::Counter,
@@ -460,6 +467,11 @@ pub fn record_judge_tokens(judge: &str, prompt: u64, completion: u64) {
 pub fn record_judge_cache(judge: &str, hit: bool) {
     let result = if hit { "hit" } else { "miss" };
     counter!(JUDGE_CACHE, "judge" => judge.to_string(), "result" => result).increment(1);
+}
+
+/// A reply asked for under a JSON schema came back as text and was read as text.
+pub fn record_judge_schema_ignored(judge: &str) {
+    counter!(JUDGE_SCHEMA_IGNORED, "judge" => judge.to_string()).increment(1);
 }
 
 pub fn record_judge_repair(judge: &str, repaired: bool) {

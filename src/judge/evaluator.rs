@@ -42,6 +42,8 @@ struct Sample {
     parsed: Result<Parsed, ParseError>,
     /// The JSON reply's analysis, or the whole text reply.
     rationale: String,
+    /// Asked for under the JSON schema, it came back as text and was read as text.
+    schema_ignored: bool,
     cached: bool,
 }
 
@@ -196,10 +198,15 @@ impl JudgeEvaluator {
         for got in more {
             choices.extend(got.reply.choices.first().map(|c| (c.clone(), got.cached)));
         }
-        Ok(choices
+        let samples: Vec<Sample> = choices
             .into_iter()
             .map(|(choice, cached)| Sample::read(choice, shape, cached))
-            .collect())
+            .collect();
+        // Counted once per reply the upstream sent, not again when the cache repeats it.
+        for s in samples.iter().filter(|s| s.schema_ignored && !s.cached) {
+            metrics::record_judge_schema_ignored(&self.name);
+        }
+        Ok(samples)
     }
 
     /// One short follow-up turn asking only for the verdict (constrained to the verdict alone
@@ -246,7 +253,7 @@ impl JudgeEvaluator {
                 return;
             }
         };
-        let repaired = reply.choices.first().map(|c| parse_choice(c, shape).0);
+        let repaired = reply.choices.first().map(|c| parse_choice(c, shape).parsed);
         metrics::record_judge_repair(&self.name, repaired.as_ref().is_some_and(|p| p.is_ok()));
         if let Some(Ok(parsed)) = repaired {
             sample.parsed = Ok(parsed);
@@ -291,10 +298,11 @@ impl JudgeEvaluator {
 
 impl Sample {
     fn read(choice: Choice, shape: Shape, cached: bool) -> Sample {
-        let (parsed, analysis) = parse_choice(&choice, shape);
+        let reading = parse_choice(&choice, shape);
         Sample {
-            rationale: analysis.unwrap_or_else(|| choice.content.clone()),
-            parsed,
+            rationale: reading.analysis.unwrap_or_else(|| choice.content.clone()),
+            parsed: reading.parsed,
+            schema_ignored: reading.schema_ignored,
             choice,
             cached,
         }
@@ -329,20 +337,53 @@ fn refuses_n(e: &JudgeError) -> bool {
 /// A choice's verdict, and the JSON reply's analysis: from its content, or from the reasoning
 /// text when the content is empty (a reasoning model that spent its whole budget thinking may
 /// still have boxed an answer). Grammar replies are text in the `\boxed{}` shape.
-fn parse_choice(choice: &Choice, shape: Shape) -> (Result<Parsed, ParseError>, Option<String>) {
+fn parse_choice(choice: &Choice, shape: Shape) -> Reading {
     let read = |text: &str| match shape.mode {
-        OutputMode::JsonSchema => {
-            match parse::parse_json_reply(text, shape.n_steps, shape.turn == output::Turn::Reply) {
-                Ok((parsed, analysis)) => (Ok(parsed), analysis),
-                Err(e) => (Err(e), None),
-            }
-        }
-        OutputMode::Grammar | OutputMode::Text => (parse::parse_reply(text, shape.n_steps), None),
+        OutputMode::JsonSchema => read_json(text, shape),
+        OutputMode::Grammar | OutputMode::Text => Reading {
+            parsed: parse::parse_reply(text, shape.n_steps),
+            analysis: None,
+            schema_ignored: false,
+        },
     };
-    match (&choice.reasoning, read(&choice.content)) {
-        (Some(reasoning), (Err(ParseError::Empty), _)) => read(reasoning),
-        (_, got) => got,
+    let first = read(&choice.content);
+    match (&choice.reasoning, &first.parsed) {
+        (Some(reasoning), Err(ParseError::Empty)) => read(reasoning),
+        _ => first,
     }
+}
+
+/// A reply under the JSON schema; one that came back as plain text (the upstream dropped
+/// `response_format`) is read as text when it holds a verdict, and says so.
+fn read_json(text: &str, shape: Shape) -> Reading {
+    let with_analysis = shape.turn == output::Turn::Reply;
+    match parse::parse_json_reply(text, shape.n_steps, with_analysis) {
+        Ok((parsed, analysis)) => Reading {
+            parsed: Ok(parsed),
+            analysis,
+            schema_ignored: false,
+        },
+        Err(e) => match (&e, parse::parse_ignored_schema(text, shape.n_steps)) {
+            (ParseError::NotJson(_), Some(Ok(parsed))) => Reading {
+                parsed: Ok(parsed),
+                analysis: None,
+                schema_ignored: true,
+            },
+            _ => Reading {
+                parsed: Err(e),
+                analysis: None,
+                schema_ignored: false,
+            },
+        },
+    }
+}
+
+/// What one reply says: its verdict, the JSON reply's analysis, and whether a JSON reply came
+/// back as text.
+struct Reading {
+    parsed: Result<Parsed, ParseError>,
+    analysis: Option<String>,
+    schema_ignored: bool,
 }
 
 /// Why the first unreadable sample is unreadable, with what the operator can do about it: a

@@ -128,6 +128,27 @@ pub fn parse_json_reply(
     Ok((verdict(index, n_steps, Some(category))?, analysis))
 }
 
+/// A reply asked for under a JSON schema that came back as plain text, because the upstream (a
+/// proxy, an older server) dropped `response_format`: read as a text reply. `None` when it looks
+/// like JSON, however broken (cut off, out of schema): reading a boxed index out of a broken
+/// object's analysis would be a guess.
+pub fn parse_ignored_schema(reply: &str, n_steps: usize) -> Option<Result<Parsed, ParseError>> {
+    let text = strip_think(reply);
+    let text = unfence(text.trim());
+    // A fence left open (a reply cut off inside it) still holds JSON.
+    let text = match text.strip_prefix("```") {
+        Some(rest) => rest
+            .split_once('\n')
+            .map_or("", |(_, body)| body)
+            .trim_start(),
+        None => text,
+    };
+    if text.starts_with('{') || text.starts_with('[') {
+        return None;
+    }
+    Some(parse_reply(reply, n_steps))
+}
+
 /// The inside of one Markdown code fence (```json ... ```), or the text as it is.
 fn unfence(text: &str) -> &str {
     let Some(inner) = text.strip_prefix("```").and_then(|t| t.strip_suffix("```")) else {

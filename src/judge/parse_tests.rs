@@ -499,3 +499,18 @@ fn parse_json_reply_table() {
     .unwrap();
     assert_eq!(analysis.as_deref(), Some("Step 1 is off."));
 }
+
+#[test]
+fn a_text_reply_to_a_schema_is_read_as_text_but_broken_json_is_not() {
+    let text = "Paragraph 1 is wrong.\n\\boxed{1}\nCategory: Reasoning";
+    let parsed = parse_ignored_schema(text, 3).expect("plain text").unwrap();
+    assert_eq!(parsed.first_error, Some(1));
+    // Fenced or cut-off JSON stays JSON: a boxed index inside its analysis is not a verdict.
+    for json in [
+        r#"{"analysis": "so \boxed{1}", "earliest_error": 1"#,
+        "```json\n{\"analysis\": \"\\\\boxed{2}\"",
+        r#"[1]"#,
+    ] {
+        assert!(parse_ignored_schema(json, 3).is_none(), "{json}");
+    }
+}

@@ -255,3 +255,25 @@ async fn config_refuses_a_grammar_without_a_grammar_upstream_and_conflicting_con
     assert!(body.get("response_format").is_none() && body["grammar"] == "root ::= \"x\"");
     s.stop().await.unwrap();
 }
+
+/// An upstream that drops `response_format` (some proxies and older servers do) and answers in
+/// text: its boxed verdict is read, without a repair turn, and counted so the operator sees it.
+#[tokio::test]
+async fn a_text_reply_to_a_schema_request_is_read_as_text_and_counted() {
+    let up = Upstream::start(reply(BOXED)).await;
+    let s = start(&judge_table("j-no-schema", &up, "")).await;
+    let r = judge(&s, "j-no-schema").await.unwrap();
+    assert_eq!(r.first_error_index, 1);
+    assert_eq!(r.category, pb::ErrorCategory::Reasoning as i32);
+    assert_eq!(up.hits(), 1, "read at once, no repair turn");
+    // The request did ask for the schema.
+    assert!(up.bodies()[0].get("response_format").is_some());
+    let metrics = s.scrape().await;
+    let ignored = common::sample(
+        &metrics,
+        "retrace_judge_schema_ignored_total",
+        &[("judge", "j-no-schema")],
+    );
+    assert_eq!(ignored, Some(1.0), "{metrics}");
+    s.stop().await.unwrap();
+}
