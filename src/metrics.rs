@@ -469,9 +469,9 @@ pub fn record_judge_cache(judge: &str, hit: bool) {
     counter!(JUDGE_CACHE, "judge" => judge.to_string(), "result" => result).increment(1);
 }
 
-/// A reply asked for under a JSON schema came back as text and was read as text.
-pub fn record_judge_schema_ignored(judge: &str) {
-    counter!(JUDGE_SCHEMA_IGNORED, "judge" => judge.to_string()).increment(1);
+/// `n` replies asked for under a JSON schema came back as text and were read as text.
+pub fn record_judge_schema_ignored(judge: &str, n: u64) {
+    counter!(JUDGE_SCHEMA_IGNORED, "judge" => judge.to_string()).increment(n);
 }
 
 pub fn record_judge_repair(judge: &str, repaired: bool) {

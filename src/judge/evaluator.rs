@@ -203,8 +203,12 @@ impl JudgeEvaluator {
             .map(|(choice, cached)| Sample::read(choice, shape, cached))
             .collect();
         // Counted once per reply the upstream sent, not again when the cache repeats it.
-        for s in samples.iter().filter(|s| s.schema_ignored && !s.cached) {
-            metrics::record_judge_schema_ignored(&self.name);
+        let ignored = samples
+            .iter()
+            .filter(|s| s.schema_ignored && !s.cached)
+            .count();
+        if ignored > 0 {
+            metrics::record_judge_schema_ignored(&self.name, ignored as u64);
         }
         Ok(samples)
     }
