@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the README's reuse table: `retrace bench` on the tree-search, Best-of-N, RL-burst
+# Regenerates docs/performance.md's reuse tables: `retrace bench` on the tree-search, Best-of-N, RL-burst
 # and plain ProcessBench workloads (the prefix cache on, off, and no reuse at all; llama-server's
 # per-step procedure for tree search), through scripts/bench.sh, which fetches the model, builds
 # llama-server, the f32 GGUF and retrace in release when missing. The Best-of-N candidates are

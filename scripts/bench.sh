@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Regenerates the README's Performance table: fetches SmolLM2-135M-Instruct and builds llama.cpp's
+# Regenerates docs/performance.md's speed table: fetches SmolLM2-135M-Instruct and builds llama.cpp's
 # llama-server when missing, writes the f32 GGUF llama-server loads (the same numbers retrace
 # loads: both are the Q4_1 GGUF dequantized to f32), builds retrace in release, and runs
-# `retrace bench` with the arguments given (its defaults are the README's run: 64 traces, 3 rounds).
+# `retrace bench` with the arguments given (its defaults are docs/performance.md's run: 64 traces, 3 rounds).
 #
 # Usage: scripts/bench.sh [retrace bench flags...]
-#   e.g. scripts/bench.sh --scaling --out docs/bench.md   (the README's table and plot)
+#   e.g. scripts/bench.sh --scaling --out runs/bench.md   (docs/performance.md's table and plot)
 #        scripts/bench.sh --limit 16 --rounds 1           (a quick look)
 # Env: RETRACE_CACHE_DIR (default ~/.cache/retrace), CARGO_TARGET_DIR, RETRACE_PROCESSBENCH_DIR
 # (the full ProcessBench set; required).

@@ -4,7 +4,7 @@ Per mode: replies (first turns, from the proxy's log); read on the first try: th
 not send a repair turn for (it repairs every unreadable reply but an empty one, and none here is
 empty, so this is retrace's own parser's count); read after repair: those plus the repairs that
 came back readable (short verdict-only replies, read with build_corpus.py's oracle, which
-tests/judge_replies.rs holds equal to retrace's parser); failed requests and F1 (retrace eval's
+tests/it/judge_replies.rs holds equal to retrace's parser); failed requests and F1 (retrace eval's
 summary.json); seconds per trace (the eval's wall time, MODE.seconds).
 
 Usage: table.py OUT_DIR MODE...

@@ -136,7 +136,7 @@ mod tests {
     use super::*;
     use tonic::Code;
 
-    // tonic's DecodeBuf can't be made outside tonic; tests/unreadable.rs drives the whole codec
+    // tonic's DecodeBuf can't be made outside tonic; tests/it/unreadable.rs drives the whole codec
     // over a real call.
     fn decode<U: Wire>(mut bytes: &[u8]) -> Result<U, Status> {
         decode_request(&mut bytes)

@@ -16,7 +16,7 @@ const FIELD: &str = "request";
 
 /// What was wrong, in our words, when `status` is one tonic (or our codec) gives a request it
 /// could not read; `None` for every other status. tonic's wording is matched exactly (and
-/// pinned by tests/unreadable.rs over a real HTTP/2 call) so that a status of our own handlers is never taken for one:
+/// pinned by tests/it/unreadable.rs over a real HTTP/2 call) so that a status of our own handlers is never taken for one:
 /// they answer OUT_OF_RANGE never, and INTERNAL only as `internal error: ...`.
 pub(super) fn reason(status: &Status) -> Option<String> {
     let message = status.message();

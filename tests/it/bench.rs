@@ -1,7 +1,7 @@
 //! `retrace bench` end to end on the committed tiny chat-lm PRM: it starts its own server, scores
 //! ProcessBench traces over gRPC at two concurrencies, measures the matmul peak and the scaling
 //! sweep, and prints the table. The llama-server contender is left out (`--no-llama`); the
-//! README's run has it.
+//! runs in docs/performance.md have it.
 
 use crate::common;
 

@@ -5,7 +5,7 @@
 //!
 //! Short by default (a CI test of about 25 s); `scripts/soak.sh` runs the same tests longer
 //! (`RETRACE_SOAK_S`, the seconds of overload and of load before SIGTERM) and prints the
-//! figures, which the README's "Operating retrace" shows.
+//! figures, which docs/operating.md shows.
 
 use crate::common;
 

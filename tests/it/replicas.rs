@@ -1,7 +1,7 @@
 //! Scaling out: three `retrace serve` children on the committed tiny PRM behind client-side
 //! round-robin over their addresses, as a client does over a headless Service's. One replica is
 //! SIGKILLed mid-run; every request still ends OK, through retries on the survivors, and load had
-//! reached all three before the kill. Prints the figures the README's "Operating retrace" shows.
+//! reached all three before the kill. Prints the figures docs/operating.md shows.
 
 use crate::common;
 

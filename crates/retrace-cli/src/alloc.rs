@@ -1,8 +1,8 @@
 //! The binary's memory: mimalloc as the global allocator, the bound on tokio's blocking threads,
 //! and the idle trim that hands freed memory back to the OS once requests stop.
 //!
-//! Why each part (a `retrace serve` on the tiny PRM: tests/memory.rs, and the README's
-//! "Operating retrace"):
+//! Why each part (a `retrace serve` on the tiny PRM: tests/it/memory.rs, and
+//! docs/operating.md):
 //! - Every tokenization is a `spawn_blocking` job, and tokio starts a thread per waiting job, up
 //!   to 512: a Rank of 128 candidates started over a hundred, each with its own mimalloc heap,
 //!   and took RSS from 58 MiB to 435 MiB (256 candidates: about 250 threads, 1 GiB). Tokenizing
