@@ -156,19 +156,9 @@ fn per_token_panel(area: &Panel, points: &[Point], axes: &Axes) -> anyhow::Resul
             .filter(|p| p.batch == b)
             .map(|p| (p.len as f64, p.seconds * 1e6 / (p.len * p.batch) as f64))
             .collect();
-        chart
-            .draw_series(LineSeries::new(series.clone(), c.stroke_width(2)))?
-            .label(format!("batch {b}"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
-        chart.draw_series(series.into_iter().map(|xy| Circle::new(xy, 3, c.filled())))?;
+        dotted_line(&mut chart, series, format!("batch {b}"), c)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()?;
-    Ok(())
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
 }
 
 /// Right: achieved GFLOP/s against batch size, a line per length, and the matmul peak.
@@ -200,17 +190,51 @@ fn gflops_panel(area: &Panel, points: &[Point], peak: &Peak, axes: &Axes) -> any
             .filter(|p| p.len == l)
             .map(|p| (p.batch as f64, p.gflops))
             .collect();
-        chart
-            .draw_series(LineSeries::new(series.clone(), c.stroke_width(2)))?
-            .label(format!("{l} tokens"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
-        chart.draw_series(series.into_iter().map(|xy| Circle::new(xy, 3, c.filled())))?;
+        dotted_line(&mut chart, series, format!("{l} tokens"), c)?;
     }
+    legend(&mut chart, SeriesLabelPosition::LowerRight)
+}
+
+/// A chart of the scaling plot: a log-scaled x against a linear y.
+type Chart<'a, 'b, X> = plotters::chart::ChartContext<
+    'a,
+    plotters::backend::SVGBackend<'b>,
+    plotters::coord::cartesian::Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One series as a line with a dot at each point, named in the legend.
+fn dotted_line<X>(
+    chart: &mut Chart<'_, '_, X>,
+    series: Vec<(f64, f64)>,
+    label: String,
+    c: plotters::style::RGBColor,
+) -> anyhow::Result<()>
+where
+    X: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+{
+    use plotters::prelude::*;
+    chart
+        .draw_series(LineSeries::new(series.clone(), c.stroke_width(2)))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c));
+    chart.draw_series(series.into_iter().map(|xy| Circle::new(xy, 3, c.filled())))?;
+    Ok(())
+}
+
+/// The series' legend, boxed, at `position`.
+fn legend<'a, 'b: 'a, X>(
+    chart: &mut Chart<'a, 'b, X>,
+    position: plotters::chart::SeriesLabelPosition,
+) -> anyhow::Result<()>
+where
+    X: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+{
+    use plotters::prelude::*;
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
+        .position(position)
         .draw()?;
     Ok(())
 }
