@@ -57,6 +57,10 @@ pub struct Config {
     /// its own.
     #[serde(skip)]
     pub env: Env,
+    /// The line of each `[[evaluator]]` header in the source text, so a rule's error names its
+    /// table's line as a parse error does; empty when the text spells them otherwise.
+    #[serde(skip)]
+    pub evaluator_lines: Vec<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -174,6 +178,7 @@ impl Config {
         }
         flags.apply(&mut config.server);
         config.source = source_name.to_string();
+        config.evaluator_lines = header_lines(text, "[[evaluator]]");
         config.validate()?;
         for e in &mut config.evaluators {
             if let KindConfig::Prm(p) = &mut e.kind {
@@ -222,7 +227,13 @@ impl Config {
             if e.name.trim().is_empty() {
                 return Err(self.fail(format!("evaluator[{i}].name must not be empty")));
             }
-            let at = format!("evaluator[{i}] ({:?})", e.name);
+            let line = match self.evaluator_lines.get(i) {
+                Some(l) if self.evaluator_lines.len() == self.evaluators.len() => {
+                    format!(" (line {l})")
+                }
+                _ => String::new(),
+            };
+            let at = format!("evaluator[{i}] ({:?}){line}", e.name);
             if !names.insert(e.name.as_str()) {
                 return Err(self.fail(format!("{at}: name is used twice")));
             }
@@ -332,6 +343,19 @@ impl Config {
     pub fn redacted_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot render config: {e}"))
     }
+}
+
+/// The 1-based lines of `text` that open a `header` table (`[[evaluator]]`), in order.
+fn header_lines(text: &str, header: &str) -> Vec<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let l = l.trim_start();
+            l.strip_prefix(header)
+                .is_some_and(|rest| rest.trim().is_empty() || rest.trim_start().starts_with('#'))
+        })
+        .map(|(i, _)| i + 1)
+        .collect()
 }
 
 /// The `[[evaluator]]` table a deserialisation error comes from, named as validation names it:

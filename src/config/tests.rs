@@ -61,6 +61,27 @@ fn bad_values_are_named() {
     assert!(err.message.contains("default_evaluator"), "{err}");
 }
 
+#[test]
+fn a_rule_error_names_its_tables_line_as_a_parse_error_does() {
+    // EXAMPLE's [[evaluator]] header is on line 9; the judge's, appended, on line 17.
+    let err = parse(&EXAMPLE.replace("threshold = 0.5", "threshold = 1.5")).unwrap_err();
+    assert!(
+        err.message
+            .starts_with("evaluator[0] (\"qwen-prm\") (line 9): threshold must lie in [0, 1]"),
+        "{err}"
+    );
+    let bad_judge = JUDGE.replace("https://api.example.com/v1", "ftp://x");
+    let err = parse(&format!("{EXAMPLE}{bad_judge}")).unwrap_err();
+    assert!(
+        err.message
+            .starts_with("evaluator[1] (\"gpt-4o\") (line 17): base_url"),
+        "{err}"
+    );
+    // The parse error of a table names the same line.
+    let err = parse(&EXAMPLE.replace("device =", "devise =")).unwrap_err();
+    assert!(err.message.contains("(line "), "{err}");
+}
+
 const JUDGE: &str = "\n[[evaluator]]\nname = \"gpt-4o\"\nkind = \"judge\"\nbase_url = \"https://api.example.com/v1\"\nmodel = \"gpt-4o\"\napi_key_env = \"OPENAI_API_KEY\"\n";
 const CASCADE: &str = "\n[[evaluator]]\nname = \"both\"\nkind = \"cascade\"\nprm = \"qwen-prm\"\njudge = \"gpt-4o\"\n";
 
