@@ -6,10 +6,14 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+mod upstream;
+pub use upstream::{JUDGE_UPSTREAM, PRM_UPSTREAM, UpstreamMetrics};
+
 pub const REQUESTS: &str = "retrace_requests_total";
 pub const REQUEST_DURATION: &str = "retrace_request_duration_seconds";
 pub const STAGE_DURATION: &str = "retrace_stage_duration_seconds";
 pub const IN_FLIGHT: &str = "retrace_in_flight_requests";
+pub const MAX_IN_FLIGHT: &str = "retrace_max_in_flight";
 pub const QUEUE_DEPTH: &str = "retrace_queue_depth";
 pub const EVALUATOR_READY: &str = "retrace_evaluator_ready";
 pub const STEPS_SCORED: &str = "retrace_steps_scored_total";
@@ -32,12 +36,16 @@ pub const JUDGE_REPAIRS: &str = "retrace_judge_repairs_total";
 pub const JUDGE_SCHEMA_IGNORED: &str = "retrace_judge_schema_ignored_total";
 pub const JUDGE_DISAGREEMENT: &str = "retrace_judge_vote_disagreements_total";
 pub const JUDGE_BREAKER_OPENED: &str = "retrace_judge_breaker_opened_total";
+pub const JUDGE_BREAKER_STATE: &str = "retrace_judge_breaker_state";
+pub const JUDGE_CACHE_BYTES: &str = "retrace_judge_cache_bytes";
+pub const JUDGE_CACHE_ENTRIES: &str = "retrace_judge_cache_entries";
 pub const CASCADE_PATHS: &str = "retrace_cascade_total";
 pub const PRM_UPSTREAM_REQUESTS: &str = "retrace_prm_upstream_requests_total";
 pub const PRM_UPSTREAM_DURATION: &str = "retrace_prm_upstream_request_duration_seconds";
 pub const PRM_UPSTREAM_IN_FLIGHT: &str = "retrace_prm_upstream_in_flight_requests";
 pub const PRM_UPSTREAM_RETRIES: &str = "retrace_prm_upstream_retries_total";
 pub const PRM_UPSTREAM_BREAKER_OPENED: &str = "retrace_prm_upstream_breaker_opened_total";
+pub const PRM_UPSTREAM_BREAKER_STATE: &str = "retrace_prm_upstream_breaker_state";
 pub const PRM_UPSTREAM_INEXACT: &str = "retrace_prm_upstream_inexact_scores_total";
 
 const SECONDS_BUCKETS: &[f64] = &[
@@ -139,6 +147,11 @@ const HELP: &[(Kind, &str, &str)] = &[
         Kind::Gauge,
         IN_FLIGHT,
         "Requests admitted and not yet answered.",
+    ),
+    (
+        Kind::Gauge,
+        MAX_IN_FLIGHT,
+        "The server's max_in_flight: requests admitted at once before RESOURCE_EXHAUSTED.",
     ),
     (
         Kind::Gauge,
@@ -245,6 +258,21 @@ const HELP: &[(Kind, &str, &str)] = &[
         "Times the judge's circuit breaker opened, by judge.",
     ),
     (
+        Kind::Gauge,
+        JUDGE_BREAKER_STATE,
+        "The judge's circuit breaker now, by judge: 0 closed, 1 half-open (a probe is out), 2 open.",
+    ),
+    (
+        Kind::Gauge,
+        JUDGE_CACHE_BYTES,
+        "Bytes (keys plus replies' text) the judge's temperature-0 response cache holds, by judge.",
+    ),
+    (
+        Kind::Gauge,
+        JUDGE_CACHE_ENTRIES,
+        "Replies the judge's temperature-0 response cache holds, by judge.",
+    ),
+    (
         Kind::Counter,
         PRM_UPSTREAM_REQUESTS,
         "Remote PRM outcomes, by evaluator and outcome: replies read (ok), failed upstream \
@@ -270,6 +298,11 @@ const HELP: &[(Kind, &str, &str)] = &[
         Kind::Counter,
         PRM_UPSTREAM_BREAKER_OPENED,
         "Times a remote PRM's circuit breaker opened, by evaluator.",
+    ),
+    (
+        Kind::Gauge,
+        PRM_UPSTREAM_BREAKER_STATE,
+        "A remote PRM's circuit breaker now, by evaluator: 0 closed, 1 half-open, 2 open.",
     ),
     (
         Kind::Counter,
@@ -346,6 +379,10 @@ pub fn activity() -> Activity {
     }
 }
 
+pub fn set_max_in_flight(max: usize) {
+    gauge!(MAX_IN_FLIGHT).set(max as f64);
+}
+
 pub fn queue_depth(evaluator: &str, delta: f64) {
     gauge!(QUEUE_DEPTH, "evaluator" => evaluator.to_string()).increment(delta);
 }
@@ -402,58 +439,6 @@ pub fn record_judge_request(judge: &str, outcome: &'static str) {
     counter!(JUDGE_REQUESTS, "judge" => judge.to_string(), "outcome" => outcome).increment(1);
 }
 
-/// The metric families of one kind of upstream, and the label that names the evaluator: judges
-/// keep their `retrace_judge_*` names, remote PRMs have `retrace_prm_upstream_*`.
-pub struct UpstreamMetrics {
-    label: &'static str,
-    requests: &'static str,
-    duration: &'static str,
-    in_flight: &'static str,
-    retries: &'static str,
-    breaker_opened: &'static str,
-}
-
-pub static JUDGE_UPSTREAM: UpstreamMetrics = UpstreamMetrics {
-    label: "judge",
-    requests: JUDGE_REQUESTS,
-    duration: JUDGE_REQUEST_DURATION,
-    in_flight: JUDGE_IN_FLIGHT,
-    retries: JUDGE_RETRIES,
-    breaker_opened: JUDGE_BREAKER_OPENED,
-};
-
-pub static PRM_UPSTREAM: UpstreamMetrics = UpstreamMetrics {
-    label: "evaluator",
-    requests: PRM_UPSTREAM_REQUESTS,
-    duration: PRM_UPSTREAM_DURATION,
-    in_flight: PRM_UPSTREAM_IN_FLIGHT,
-    retries: PRM_UPSTREAM_RETRIES,
-    breaker_opened: PRM_UPSTREAM_BREAKER_OPENED,
-};
-
-impl UpstreamMetrics {
-    pub fn request(&self, name: &str, outcome: &'static str) {
-        counter!(self.requests, self.label => name.to_string(), "outcome" => outcome).increment(1);
-    }
-
-    /// How long one upstream exchange took, whatever its outcome.
-    pub fn latency(&self, name: &str, elapsed: Duration) {
-        histogram!(self.duration, self.label => name.to_string()).record(elapsed.as_secs_f64());
-    }
-
-    pub fn in_flight(&self, name: &str, delta: f64) {
-        gauge!(self.in_flight, self.label => name.to_string()).increment(delta);
-    }
-
-    pub fn retry(&self, name: &str, cause: &'static str) {
-        counter!(self.retries, self.label => name.to_string(), "cause" => cause).increment(1);
-    }
-
-    pub fn breaker_opened(&self, name: &str) {
-        counter!(self.breaker_opened, self.label => name.to_string()).increment(1);
-    }
-}
-
 pub fn record_prm_inexact(evaluator: &str, steps: u64) {
     counter!(PRM_UPSTREAM_INEXACT, "evaluator" => evaluator.to_string()).increment(steps);
 }
@@ -467,6 +452,13 @@ pub fn record_judge_tokens(judge: &str, prompt: u64, completion: u64) {
 pub fn record_judge_cache(judge: &str, hit: bool) {
     let result = if hit { "hit" } else { "miss" };
     counter!(JUDGE_CACHE, "judge" => judge.to_string(), "result" => result).increment(1);
+}
+
+/// What a judge's response cache holds now.
+pub fn set_judge_cache(judge: &str, bytes: usize, entries: usize) {
+    let judge = judge.to_string();
+    gauge!(JUDGE_CACHE_BYTES, "judge" => judge.clone()).set(bytes as f64);
+    gauge!(JUDGE_CACHE_ENTRIES, "judge" => judge).set(entries as f64);
 }
 
 /// `n` replies asked for under a JSON schema came back as text and were read as text.

@@ -156,6 +156,7 @@ impl Engine {
     /// An engine whose evaluators are not loaded yet: requests get UNAVAILABLE until `load`.
     pub fn new(specs: Vec<SlotSpec>, admission: Admission) -> Arc<Engine> {
         let order = specs.iter().map(|s| s.name.clone()).collect();
+        metrics::set_max_in_flight(admission.max_in_flight);
         let slots = specs
             .into_iter()
             .map(|spec| {

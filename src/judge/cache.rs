@@ -51,13 +51,12 @@ impl ReplyCache {
         self.bytes += size;
     }
 
-    #[cfg(test)]
-    fn bytes(&self) -> usize {
+    /// Bytes held: keys plus replies' text.
+    pub(super) fn bytes(&self) -> usize {
         self.bytes
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.entries.len()
     }
 }

@@ -30,8 +30,11 @@ impl CachedCaller {
         policy: CallPolicy,
         cache_entries: usize,
     ) -> CachedCaller {
-        let cache = NonZeroUsize::new(cache_entries)
-            .map(|n| Mutex::new(ReplyCache::new(n, cache::MAX_BYTES)));
+        let cache = NonZeroUsize::new(cache_entries).map(|n| {
+            // Exported from the start, so a dashboard shows an empty cache, not no data.
+            metrics::set_judge_cache(judge, 0, 0);
+            Mutex::new(ReplyCache::new(n, cache::MAX_BYTES))
+        });
         CachedCaller {
             judge: judge.to_string(),
             upstream: UpstreamCaller::new(judge, &metrics::JUDGE_UPSTREAM, endpoint, policy),
@@ -67,7 +70,9 @@ impl CachedCaller {
             .await?;
         let reply = Arc::new(reply);
         if let (Some(cache), Some(key)) = (&self.cache, key) {
-            lock(cache).put(key, reply.clone());
+            let mut cache = lock(cache);
+            cache.put(key, reply.clone());
+            metrics::set_judge_cache(&self.judge, cache.bytes(), cache.len());
         }
         Ok(Fetched {
             reply,

@@ -90,10 +90,14 @@ impl Caller {
             .requests_per_minute
             .and_then(NonZeroU32::new)
             .map(|rpm| RateLimiter::direct(Quota::per_minute(rpm)));
+        let owned = name.to_string();
+        let breaker = Breaker::new(policy.breaker_failures, policy.breaker_cooldown, move |p| {
+            metrics.breaker_state(&owned, p.gauge())
+        });
         Caller {
             name: name.to_string(),
             metrics,
-            breaker: Breaker::new(policy.breaker_failures, policy.breaker_cooldown),
+            breaker,
             slots: Semaphore::new(policy.max_concurrency),
             limiter,
             endpoint,

@@ -54,6 +54,36 @@ pub struct Breaker {
     threshold: u32,
     cooldown: Duration,
     state: Mutex<State>,
+    observer: Observer,
+}
+
+/// The breaker's phase as its gauge reports it. An open breaker whose cooldown has passed stays
+/// `Open` until the next call probes: nothing has shown the upstream well again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Closed,
+    HalfOpen,
+    Open,
+}
+
+impl Phase {
+    /// The gauge's value: 0 closed, 1 half-open, 2 open.
+    pub fn gauge(self) -> f64 {
+        match self {
+            Phase::Closed => 0.0,
+            Phase::HalfOpen => 1.0,
+            Phase::Open => 2.0,
+        }
+    }
+}
+
+/// Told every change of phase, under the breaker's lock, so reports arrive in order.
+struct Observer(Box<dyn Fn(Phase) + Send + Sync>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,18 +113,44 @@ pub struct Permit {
     reported: bool,
 }
 
+impl State {
+    fn phase(self) -> Phase {
+        match self {
+            State::Closed { .. } => Phase::Closed,
+            State::Open { .. } => Phase::Open,
+            State::HalfOpen => Phase::HalfOpen,
+        }
+    }
+}
+
 impl Breaker {
-    pub fn new(threshold: u32, cooldown: Duration) -> Arc<Breaker> {
+    /// A closed breaker; `observe` hears `Closed` now and every change of phase after.
+    pub fn new(
+        threshold: u32,
+        cooldown: Duration,
+        observe: impl Fn(Phase) + Send + Sync + 'static,
+    ) -> Arc<Breaker> {
+        observe(Phase::Closed);
         Arc::new(Breaker {
             threshold: threshold.max(1),
             cooldown,
             state: Mutex::new(State::Closed { failures: 0 }),
+            observer: Observer(Box::new(observe)),
         })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // The state is plain data, valid after any panic; keep serving.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Moves `state` (this breaker's, locked) to `to`, telling the observer when the phase changes.
+    fn set(&self, state: &mut State, to: State) {
+        let before = state.phase();
+        *state = to;
+        if to.phase() != before {
+            (self.observer.0)(to.phase());
+        }
     }
 
     /// Asks to make an attempt at `now`.
@@ -108,7 +164,7 @@ impl Breaker {
                 });
             }
             State::Open { .. } => {
-                *state = State::HalfOpen;
+                self.set(&mut state, State::HalfOpen);
                 true
             }
             State::HalfOpen => {
@@ -144,7 +200,7 @@ impl Permit {
         let mut state = b.lock();
         match (*state, failed) {
             (_, false) => {
-                *state = State::Closed { failures: 0 };
+                b.set(&mut state, State::Closed { failures: 0 });
                 false
             }
             (State::Closed { failures }, true) if failures + 1 < b.threshold => {
@@ -155,9 +211,8 @@ impl Permit {
             }
             // The threshold reached, or the half-open probe failed: open (again).
             (State::Closed { .. } | State::HalfOpen, true) => {
-                *state = State::Open {
-                    until: now + b.cooldown,
-                };
+                let until = now + b.cooldown;
+                b.set(&mut state, State::Open { until });
                 true
             }
             // Opened meanwhile by another caller's failure: it already counts.
@@ -172,9 +227,8 @@ impl Drop for Permit {
             let mut state = self.breaker.lock();
             if *state == State::HalfOpen {
                 // Nothing was learnt: let the next caller probe at once.
-                *state = State::Open {
-                    until: Instant::now(),
-                };
+                let until = Instant::now();
+                self.breaker.set(&mut state, State::Open { until });
             }
         }
     }
@@ -233,7 +287,7 @@ mod tests {
 
     #[test]
     fn opens_after_consecutive_failures_and_a_success_resets() {
-        let b = Breaker::new(3, Duration::from_secs(10));
+        let b = Breaker::new(3, Duration::from_secs(10), |_| {});
         let t = Instant::now();
         for _ in 0..2 {
             assert!(!b.acquire(t).unwrap().record(true, t));
@@ -257,7 +311,7 @@ mod tests {
 
     #[test]
     fn half_open_lets_one_probe_through() {
-        let b = Breaker::new(1, Duration::from_secs(10));
+        let b = Breaker::new(1, Duration::from_secs(10), |_| {});
         let t = Instant::now();
         b.acquire(t).unwrap().record(true, t);
         let later = t + Duration::from_secs(10);
@@ -274,11 +328,50 @@ mod tests {
 
     #[test]
     fn an_abandoned_probe_frees_the_slot() {
-        let b = Breaker::new(1, Duration::from_millis(1));
+        let b = Breaker::new(1, Duration::from_millis(1), |_| {});
         let t = Instant::now();
         b.acquire(t).unwrap().record(true, t);
         let probe = b.acquire(t + Duration::from_secs(1)).unwrap();
         drop(probe);
         assert!(b.acquire(Instant::now() + Duration::from_millis(1)).is_ok());
+    }
+
+    /// A breaker whose observer writes down every phase it hears.
+    fn observed(threshold: u32, cooldown: Duration) -> (Arc<Breaker>, Arc<Mutex<Vec<Phase>>>) {
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let sink = heard.clone();
+        let b = Breaker::new(threshold, cooldown, move |p| sink.lock().unwrap().push(p));
+        (b, heard)
+    }
+
+    #[test]
+    fn every_change_of_phase_is_reported_once() {
+        use Phase::*;
+        let (b, heard) = observed(2, Duration::from_secs(10));
+        let t = Instant::now();
+        let heard_now = || std::mem::take(&mut *heard.lock().unwrap());
+        assert_eq!(heard_now(), [Closed], "a new breaker reports closed");
+        b.acquire(t).unwrap().record(true, t);
+        assert_eq!(heard_now(), [], "one failure of two: still closed");
+        b.acquire(t).unwrap().record(true, t);
+        assert_eq!(heard_now(), [Open]);
+        assert!(b.acquire(t).is_err());
+        let later = t + Duration::from_secs(10);
+        let probe = b.acquire(later).unwrap();
+        assert_eq!(heard_now(), [HalfOpen]);
+        probe.record(true, later);
+        assert_eq!(heard_now(), [Open], "a failed probe opens it again");
+        let again = later + Duration::from_secs(10);
+        drop(b.acquire(again).unwrap());
+        assert_eq!(
+            heard_now(),
+            [HalfOpen, Open],
+            "an abandoned probe leaves it open"
+        );
+        b.acquire(again).unwrap().record(false, again);
+        assert_eq!(heard_now(), [HalfOpen, Closed]);
+        b.acquire(again).unwrap().record(false, again);
+        assert_eq!(heard_now(), [], "closed stays closed, unreported");
+        assert_eq!([Closed, HalfOpen, Open].map(Phase::gauge), [0.0, 1.0, 2.0]);
     }
 }

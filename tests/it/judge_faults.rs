@@ -373,6 +373,8 @@ async fn the_breaker_opens_then_lets_one_probe_through() {
         ),
         Some(1.0)
     );
+    let state = |m: &str| sample(m, "retrace_judge_breaker_state", &[("judge", "j-breaker")]);
+    assert_eq!(state(&m), Some(2.0), "open");
     assert_eq!(
         sample(
             &m,
@@ -398,6 +400,7 @@ async fn the_breaker_opens_then_lets_one_probe_through() {
         1
     );
     assert_eq!(up.hits(), 4);
+    assert_eq!(state(&s.scrape().await), Some(0.0), "closed again");
     s.stop().await.unwrap();
 }
 
@@ -471,6 +474,16 @@ async fn a_refused_n_falls_back_to_parallel_requests() {
 async fn greedy_replies_are_cached() {
     let up = Upstream::start(reply(GOOD)).await;
     let s = judge_server("j-cache", &up, "").await;
+    let held = |m: &str, what| sample(m, what, &[("judge", "j-cache")]);
+    let m = s.scrape().await;
+    assert_eq!(
+        (
+            held(&m, "retrace_judge_cache_entries"),
+            held(&m, "retrace_judge_cache_bytes")
+        ),
+        (Some(0.0), Some(0.0)),
+        "an empty cache is exported before its first use"
+    );
     for _ in 0..3 {
         assert_eq!(
             judge(&s, "j-cache", None).await.unwrap().first_error_index,
@@ -487,6 +500,10 @@ async fn greedy_replies_are_cached() {
         )
     };
     assert_eq!((cache("hit"), cache("miss")), (Some(2.0), Some(1.0)));
+    // One entry: its key (the whole request body) and the reply's text.
+    assert_eq!(held(&m, "retrace_judge_cache_entries"), Some(1.0));
+    let bytes = held(&m, "retrace_judge_cache_bytes").unwrap();
+    assert!(bytes > 2.0 * GOOD.len() as f64, "{bytes}");
     s.stop().await.unwrap();
 }
 

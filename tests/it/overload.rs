@@ -1,5 +1,5 @@
 //! Admission control: past max_in_flight, RESOURCE_EXHAUSTED at once, and the in-flight gauge
-//! moves. In its own test binary because the in-flight gauge is process-wide.
+//! moves beside the max_in_flight gauge. In its own test binary because the in-flight gauge is process-wide.
 // A test crate's helpers are `pub` for its modules, not an API: nothing outside reaches them.
 #![allow(unreachable_pub)]
 
@@ -37,6 +37,8 @@ async fn overload_is_refused_at_once() {
         Some(2.0),
         "{metrics}"
     );
+    // The bound beside the count, so a dashboard or an autoscaler reads their ratio.
+    assert_eq!(sample(&metrics, "retrace_max_in_flight", &[]), Some(2.0));
     let status = c
         .clone()
         .evaluate(request("x", "", steps_trace("q", &["s"])))

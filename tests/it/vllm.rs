@@ -280,6 +280,13 @@ async fn the_breaker_opens_after_consecutive_failures_and_refuses_at_once() {
         "retries = 0\nbreaker_failures = 2\nbreaker_cooldown_s = 30",
     )
     .await;
+    let state = &[("evaluator", "v-breaker")];
+    let breaker = |m: &str| sample(m, "retrace_prm_upstream_breaker_state", state);
+    assert_eq!(
+        breaker(&s.scrape().await),
+        Some(0.0),
+        "closed from the start"
+    );
     fake.script([
         Fault::Status(500, None, "boom"),
         Fault::Status(500, None, "boom"),
@@ -295,6 +302,7 @@ async fn the_breaker_opens_after_consecutive_failures_and_refuses_at_once() {
     .await;
     assert_eq!(fake.hits(), 2, "the open breaker sends nothing");
     let m = s.scrape().await;
+    assert_eq!(breaker(&m), Some(2.0), "open");
     assert_eq!(
         sample(
             &m,
