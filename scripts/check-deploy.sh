@@ -4,8 +4,9 @@
 # prometheus-operator's CRD models check the ServiceMonitor and PrometheusRule; promtool checks
 # deploy/prometheus.yml, the alert rules, the dashboard's and the adapter's queries, and runs the
 # alerts' unit tests; retrace check-config reads the configs the overlays ship; and a real
-# `retrace serve`, given a little traffic, shows that every metric the dashboard, the alerts, the
-# adapter and the HPA name is one it exports.
+# `retrace serve`, given a little traffic (its remote PRMs through a vLLM-shaped upstream the check
+# starts), shows that every metric the dashboard, the alerts and the adapter name is one it
+# exports, and that the HPA's metrics are the adapter's.
 #
 #   scripts/check-deploy.sh [path/to/retrace]     # default target/debug/retrace, where CI builds it
 #
@@ -17,8 +18,9 @@ BIN=${1:-target/debug/retrace}
 TOOLS=.cache/deploy-tools
 WORK=$(mktemp -d)
 SERVER_PID=
+VLLM_PID=
 cleanup() {
-  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
+  for pid in $SERVER_PID $VLLM_PID; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -87,9 +89,19 @@ done
 step "metric names against a real retrace serve"
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 GRPC=$(free_port); HTTP=$(free_port); METRICS=$(free_port)
-# A port that was free a moment ago and has no listener: the judge's upstream, refused at once, so
-# the judge's failure, retry and breaker metrics appear without any network.
+# A port that was free a moment ago and has no listener: the upstream of a judge and of a remote
+# PRM, refused at once, so their failure, retry and breaker metrics appear without any network.
 DEAD=$(free_port)
+# A vLLM-shaped upstream for the remote PRMs' replies (scripts/check_deploy.py fake-vllm).
+VLLM=$(free_port)
+"$PY" scripts/check_deploy.py fake-vllm "$VLLM" > "$WORK/vllm.log" 2>&1 &
+VLLM_PID=$!
+for _ in $(seq 50); do
+  curl -s -o /dev/null "http://127.0.0.1:$VLLM/" && break
+  kill -0 "$VLLM_PID" 2>/dev/null || { echo "FAIL the fake vLLM exited:"; cat "$WORK/vllm.log"; exit 1; }
+  sleep 0.1
+done
+TINY=$PWD/tests/fixtures/tiny
 cat > "$WORK/serve.toml" <<EOF
 [server]
 max_in_flight = 16
@@ -98,7 +110,7 @@ max_in_flight = 16
 name = "tiny"
 kind = "prm"
 family = "qwen2-math-prm"
-model = "$PWD/tests/fixtures/tiny/qwen2-math-prm"
+model = "$TINY/qwen2-math-prm"
 
 [[evaluator]]
 name = "judge"
@@ -115,6 +127,39 @@ name = "cascade"
 kind = "cascade"
 prm = "tiny"
 judge = "judge"
+
+# PRMs on vLLM: a token-classification head (/pooling), a causal LM read at + and -
+# (/v1/completions, scored inexact: the fake leaves + and - out), and one whose server is down.
+[[evaluator]]
+name = "remote"
+kind = "prm"
+family = "qwen2-math-prm"
+model = "$TINY/qwen2-math-prm"
+backend = "vllm"
+[evaluator.vllm]
+base_url = "http://127.0.0.1:$VLLM"
+
+[[evaluator]]
+name = "remote-lm"
+kind = "prm"
+family = "math-shepherd"
+model = "$TINY/math-shepherd"
+backend = "vllm"
+[evaluator.vllm]
+base_url = "http://127.0.0.1:$VLLM"
+
+[[evaluator]]
+name = "remote-down"
+kind = "prm"
+family = "qwen2-math-prm"
+model = "$TINY/qwen2-math-prm"
+backend = "vllm"
+[evaluator.vllm]
+base_url = "http://127.0.0.1:$DEAD"
+retries = 1
+timeout_s = 2
+breaker_failures = 2
+breaker_cooldown_s = 60
 EOF
 "$BIN" serve --config "$WORK/serve.toml" --grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" \
   --metrics-addr "127.0.0.1:$METRICS" > "$WORK/serve.log" 2>&1 &
@@ -126,15 +171,23 @@ for _ in $(seq 100); do
 done
 curl -sf "http://127.0.0.1:$HTTP/health" >/dev/null || { echo "FAIL retrace serve not ready in 20 s"; cat "$WORK/serve.log"; exit 1; }
 # Counters and histograms appear on their first sample: score the same trace twice (batches, prefix
-# reuse), and call the judge until its breaker has opened and refused a call.
+# reuse), call the judge and the PRM whose vLLM is down until each breaker has opened and refused
+# a call, and score through the two remote PRMs.
 evaluate() {
   curl -s -o /dev/null -w '%{http_code} ' -X POST "http://127.0.0.1:$HTTP/v1/evaluate" \
     -H 'content-type: application/json' \
     -d "{\"evaluator\": \"$1\", \"trace\": {\"question\": \"What is 12 * 3?\", \"steps\": [\"12 * 3 = 36\", \"So the answer is 36.\"]}}"
 }
 printf 'HTTP statuses: '
-for e in tiny tiny judge judge judge cascade; do evaluate "$e"; done
+for e in tiny tiny judge judge judge cascade remote-down remote-down remote-down; do evaluate "$e"; done
 echo
+# The remote PRMs must answer: their success metrics (and the inexact count) come only from a
+# reply read, so a fake that drifted from what src/prm/remote.rs reads fails here, by name.
+for e in remote remote-lm; do
+  code=$(evaluate "$e")
+  [ "$code" = "200 " ] || { echo "FAIL $e through the fake vLLM: HTTP $code"; tail -5 "$WORK/serve.log"; exit 1; }
+  echo "ok   $e scored through the fake vLLM"
+done
 curl -sf "http://127.0.0.1:$METRICS/metrics" > "$WORK/metrics.txt"
 echo "ok   scraped $(grep -c '^# TYPE' "$WORK/metrics.txt") metric families"
 "$PY" scripts/check_deploy.py metrics "$WORK/cpu.yaml" deploy/k8s/prometheus-adapter/config.yaml "$WORK/metrics.txt"

@@ -2,7 +2,8 @@
 manifests, the cross-references between them, extraction of every PromQL expression for promtool,
 and the comparison of the metric names those expressions query with what a real retrace exports.
 
-Run by check-deploy.sh inside its tools venv (kubernetes-validate, cloudcoil's prometheus-operator
+It also serves the check's stand-in for a vLLM server (fake-vllm), so that a remote PRM's
+metrics appear on the scrape. Run by check-deploy.sh inside its tools venv (kubernetes-validate, cloudcoil's prometheus-operator
 models, PyYAML); each subcommand exits non-zero on the first class of failure it finds, after
 printing every instance of it.
 """
@@ -12,6 +13,7 @@ import json
 import re
 import sys
 import tomllib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
@@ -255,6 +257,15 @@ def grafana_to_promql(expr):
     return re.sub(r"\$\{?\w+\}?", "x", expr)
 
 
+def adapter_names(path):
+    """The custom metric each adapter rule serves: its `name.as`, else the series it selects."""
+    out = []
+    for rule in yaml.safe_load(Path(path).read_text())["rules"]:
+        series = re.match(r"[\w:]+", rule["seriesQuery"]).group(0)
+        out.append(rule.get("name", {}).get("as") or series)
+    return out
+
+
 def adapter_exprs(path):
     out = []
     for i, rule in enumerate(yaml.safe_load(Path(path).read_text())["rules"]):
@@ -332,10 +343,15 @@ def cmd_metrics(args):
     exprs = [(f"alert {r['alert']}", r["expr"]) for g in rule["spec"]["groups"] for r in g["rules"]]
     exprs += [(w, grafana_to_promql(e)) for w, e in dashboard_exprs(dashboard(docs))]
     exprs += adapter_exprs(args.adapter)
-    for hpa in (d for d in docs if d["kind"] == "HorizontalPodAutoscaler"):
-        exprs += [("HPA metric", m["pods"]["metric"]["name"]) for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
     samples, types = exported(Path(args.scrape).read_text())
     problems, used = [], set()
+    # An HPA's pods metric is what an adapter rule serves (whose queries are checked below), not
+    # necessarily a series retrace exports.
+    served = adapter_names(args.adapter)
+    for hpa in (d for d in docs if d["kind"] == "HorizontalPodAutoscaler"):
+        for m in (m for m in hpa["spec"]["metrics"] if m["type"] == "Pods"):
+            if m["pods"]["metric"]["name"] not in served:
+                problems.append(f"HPA metric {m['pods']['metric']['name']} is served by no adapter rule ({', '.join(served)})")
     for where, expr in exprs:
         for name in metric_names(expr):
             used.add(name)
@@ -408,6 +424,41 @@ def cmd_without_k8s_sd(args):
     Path(args.out).write_text(yaml.safe_dump(config, sort_keys=False))
 
 
+# --- a vLLM-shaped upstream -----------------------------------------------------------------------
+
+
+class FakeVllm(BaseHTTPRequestHandler):
+    """Answers the two requests src/prm/remote.rs sends, in vLLM's shapes: POST /pooling (a
+    token_classify task: ALL pooling, one [p_wrong, p_right] row per input token) and POST
+    /v1/completions with prompt_logprobs (one entry per prompt token, the first null, each
+    listing only the prompt's own token, as vLLM does when the top-k leaves out + and -, so
+    the PRM scores those steps from a bound and counts them inexact)."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/pooling" and body.get("task") == "token_classify":
+            rows = [[0.25, 0.75] for _ in body["input"]]
+            reply = {"id": "pool-0", "object": "list", "created": 0, "model": "prm",
+                     "data": [{"index": 0, "object": "pooling", "data": rows}]}
+        elif self.path == "/v1/completions" and "prompt_logprobs" in body:
+            entries = [None] + [{str(t): {"logprob": -0.5, "rank": 1, "decoded_token": "x"}} for t in body["prompt"][1:]]
+            reply = {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "prm",
+                     "choices": [{"index": 0, "text": "+", "finish_reason": "length", "prompt_logprobs": entries}]}
+        else:
+            self.send_error(404, f"fake vLLM: no route for POST {self.path}")
+            return
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def cmd_fake_vllm(args):
+    ThreadingHTTPServer(("127.0.0.1", args.port), FakeVllm).serve_forever()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(required=True)
@@ -426,6 +477,9 @@ def main():
     a = sub.add_parser("without-k8s-sd", help="a Prometheus config with static targets for Kubernetes discovery")
     a.add_argument("config"); a.add_argument("out")
     a.set_defaults(run=cmd_without_k8s_sd)
+    a = sub.add_parser("fake-vllm", help="serve vLLM's /pooling and /v1/completions shapes on 127.0.0.1:PORT")
+    a.add_argument("port", type=int)
+    a.set_defaults(run=cmd_fake_vllm)
     args = p.parse_args()
     args.run(args)
 
