@@ -17,4 +17,11 @@ except ImportError as e:  # pragma: no cover - only in an uninstalled checkout
 
 SERVICE = "retrace.v1.Evaluator"
 
-__all__ = ["pb", "pb_grpc", "SERVICE"]
+
+def health_service(evaluator: str | None = None) -> str:
+    """The grpc.health.v1 service name: the Evaluator service (SERVING while every evaluator is
+    ready), or one evaluator's, `retrace.v1.Evaluator/<name>`."""
+    return f"{SERVICE}/{evaluator}" if evaluator else SERVICE
+
+
+__all__ = ["pb", "pb_grpc", "SERVICE", "health_service"]

@@ -1,4 +1,5 @@
-"""What the sync and async clients share: addresses, credentials, metadata, the retry policy.
+"""What the sync and async clients share: addresses, credentials, metadata, channel options, the
+retry policy.
 
 A call starts at the next address in round-robin order, and each retry moves one address on,
 so a dead replica costs one fast UNAVAILABLE, not the call. Only UNAVAILABLE and
@@ -30,16 +31,47 @@ _CHANNEL_OPTIONS = (
 )
 
 
+# gRPC targets that carry an address list of their own: "ipv4:h1:p1,h2:p2", "ipv6:[a]:p1,[b]:p2".
+_LIST_SCHEMES = ("ipv4:", "ipv6:")
+
+
+def is_address_list(target: str) -> bool:
+    """Whether `target` is one gRPC target naming several addresses (ipv4:/ipv6: with commas)."""
+    return target.lower().startswith(_LIST_SCHEMES) and "," in target
+
+
 def parse_addresses(addresses: str | Sequence[str] | None) -> list[str]:
-    """A list, a comma-separated string, or None for $RETRACE_ADDRESS (else 127.0.0.1:50051)."""
+    """A list, a comma-separated string, or None for $RETRACE_ADDRESS (else 127.0.0.1:50051).
+    A string that is an ipv4:/ipv6: target stays whole: its commas are gRPC's own address list."""
     if addresses is None:
         addresses = os.environ.get("RETRACE_ADDRESS") or DEFAULT_ADDRESS
     if isinstance(addresses, str):
-        addresses = addresses.split(",")
+        addresses = [addresses] if addresses.strip().lower().startswith(_LIST_SCHEMES) else addresses.split(",")
     out = [a.strip() for a in addresses if a and a.strip()]
     if not out:
         raise ValueError("no retrace address given")
     return out
+
+
+def channel_options(target: str, given: tuple) -> tuple:
+    """The options of `target`'s channel: `given`, plus what a multi-address target needs.
+
+    For an ipv4:/ipv6: list gRPC takes the whole list ("h1:p1,h2:p2") as the channel's default
+    authority, which is no valid HTTP/2 :authority, so the server resets every stream
+    (INTERNAL, "Stream removed"); the first address is the authority instead. And gRPC's default
+    pick_first would send every call to the first address, so calls go round-robin over the
+    list, as they do over the client's own addresses. Either is left alone when `given` sets it.
+    """
+    if not is_address_list(target):
+        return given
+    names = {name for name, _ in given}
+    extra = []
+    if "grpc.default_authority" not in names:
+        first = target.split(":", 1)[1].split(",")[0].strip()
+        extra.append(("grpc.default_authority", first))
+    if not names & {"grpc.lb_policy_name", "grpc.service_config"}:
+        extra.append(("grpc.lb_policy_name", "round_robin"))
+    return given + tuple(extra)
 
 
 def _read_pem(value: str | bytes | os.PathLike | None) -> bytes | None:

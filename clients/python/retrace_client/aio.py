@@ -16,8 +16,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from . import _requests
 from ._batch import Batch
-from ._proto import SERVICE, pb, pb_grpc
-from ._transport import DEFAULT_TIMEOUT_S, Deadline, RoundRobin, Settings
+from ._proto import health_service, pb, pb_grpc
+from ._transport import DEFAULT_TIMEOUT_S, Deadline, RoundRobin, Settings, channel_options
 from .errors import DeadlineExceeded, RetraceError, from_rpc_error
 from .models import EvaluatorInfo, Ranking, Verdict
 
@@ -60,7 +60,7 @@ class AsyncClient:
         ch = self._channels.get(address)
         if ch is None:
             creds = self.settings.credentials()
-            opts = self.settings.channel_options
+            opts = channel_options(address, self.settings.channel_options)
             ch = (
                 grpc.aio.secure_channel(address, creds, options=opts)
                 if creds
@@ -209,17 +209,23 @@ class AsyncClient:
         resp = await self._unary("ListEvaluators", pb.ListEvaluatorsRequest(), timeout)
         return [EvaluatorInfo.from_pb(e) for e in resp.evaluators]
 
-    async def health(self, *, address: str | None = None, timeout: float | None = 5.0) -> bool:
+    async def health(
+        self, *, address: str | None = None, evaluator: str | None = None, timeout: float | None = 5.0
+    ) -> bool:
         for a in [address] if address else self.settings.addresses:
-            if await self.health_status(address=a, timeout=timeout) == "SERVING":
+            if await self.health_status(address=a, evaluator=evaluator, timeout=timeout) == "SERVING":
                 return True
         return False
 
-    async def health_status(self, *, address: str | None = None, timeout: float | None = 5.0) -> str:
+    async def health_status(
+        self, *, address: str | None = None, evaluator: str | None = None, timeout: float | None = 5.0
+    ) -> str:
         stub = health_pb2_grpc.HealthStub(self._channel(address or self.settings.addresses[0]))
         try:
             resp = await stub.Check(
-                health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout, metadata=self.settings.metadata
+                health_pb2.HealthCheckRequest(service=health_service(evaluator)),
+                timeout=timeout,
+                metadata=self.settings.metadata,
             )
         except grpc.RpcError as e:
             return "SERVICE_UNKNOWN" if e.code() == grpc.StatusCode.NOT_FOUND else "UNREACHABLE"

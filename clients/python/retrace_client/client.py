@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from . import _requests
 from ._batch import Batch
-from ._proto import SERVICE, pb, pb_grpc
-from ._transport import DEFAULT_TIMEOUT_S, Deadline, RoundRobin, Settings
+from ._proto import health_service, pb, pb_grpc
+from ._transport import DEFAULT_TIMEOUT_S, Deadline, RoundRobin, Settings, channel_options
 from .errors import DeadlineExceeded, RetraceError, from_rpc_error
 from .models import EvaluatorInfo, Ranking, Verdict
 
@@ -27,7 +27,9 @@ class Client:
     """A retrace client.
 
     addresses: "host:port", a list of them or a comma-separated string (default
-        $RETRACE_ADDRESS, else 127.0.0.1:50051); calls go round-robin, a retry to the next.
+        $RETRACE_ADDRESS, else 127.0.0.1:50051); calls go round-robin, a retry to the next. A
+        gRPC target ("dns:///host:port", "ipv4:h1:p1,h2:p2") is one address; an ipv4:/ipv6:
+        list gets its first address as authority and round_robin unless channel_options say.
     token: bearer token sent as `authorization: Bearer ...` (default $RETRACE_TOKEN).
     tls / root_certificates: TLS, optionally with a PEM file (path or bytes) of trusted roots.
     timeout: default deadline of a call in seconds, over all its attempts (None: no deadline).
@@ -72,7 +74,7 @@ class Client:
             ch = self._channels.get(address)
             if ch is None:
                 creds = self.settings.credentials()
-                opts = self.settings.channel_options
+                opts = channel_options(address, self.settings.channel_options)
                 ch = (
                     grpc.secure_channel(address, creds, options=opts)
                     if creds
@@ -239,20 +241,28 @@ class Client:
         resp = self._unary("ListEvaluators", pb.ListEvaluatorsRequest(), timeout)
         return [EvaluatorInfo.from_pb(e) for e in resp.evaluators]
 
-    def health(self, *, address: str | None = None, timeout: float | None = 5.0) -> bool:
-        """Whether the evaluator service reports SERVING: at `address`, or at any address."""
+    def health(
+        self, *, address: str | None = None, evaluator: str | None = None, timeout: float | None = 5.0
+    ) -> bool:
+        """Whether the evaluator service (or one evaluator, by name) reports SERVING: at
+        `address`, or at any address."""
         for a in [address] if address else self.settings.addresses:
-            if self.health_status(address=a, timeout=timeout) == "SERVING":
+            if self.health_status(address=a, evaluator=evaluator, timeout=timeout) == "SERVING":
                 return True
         return False
 
-    def health_status(self, *, address: str | None = None, timeout: float | None = 5.0) -> str:
-        """grpc.health.v1's status name for retrace.v1.Evaluator at one address (the first by
-        default): SERVING, NOT_SERVING, SERVICE_UNKNOWN, or UNREACHABLE when the check fails."""
+    def health_status(
+        self, *, address: str | None = None, evaluator: str | None = None, timeout: float | None = 5.0
+    ) -> str:
+        """grpc.health.v1's status name at one address (the first by default) for
+        retrace.v1.Evaluator, or for `evaluator` alone (retrace.v1.Evaluator/<name>): SERVING,
+        NOT_SERVING, SERVICE_UNKNOWN (no such evaluator), or UNREACHABLE when the check fails."""
         stub = health_pb2_grpc.HealthStub(self._channel(address or self.settings.addresses[0]))
         try:
             resp = stub.Check(
-                health_pb2.HealthCheckRequest(service=SERVICE), timeout=timeout, metadata=self.settings.metadata
+                health_pb2.HealthCheckRequest(service=health_service(evaluator)),
+                timeout=timeout,
+                metadata=self.settings.metadata,
             )
         except grpc.RpcError as e:
             return "SERVICE_UNKNOWN" if e.code() == grpc.StatusCode.NOT_FOUND else "UNREACHABLE"

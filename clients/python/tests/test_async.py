@@ -23,6 +23,8 @@ async def test_health_and_list(server):
     async with AsyncClient(server.address) as c:
         assert await c.health() is True
         assert await c.health_status() == "SERVING"
+        assert await c.health_status(evaluator="tiny") == "SERVING"
+        assert await c.health_status(evaluator="no-such-evaluator") == "SERVICE_UNKNOWN"
         names = sorted(e.name for e in await c.list_evaluators())
     assert names == ["judge", "tiny"]
 

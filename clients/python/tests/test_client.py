@@ -29,6 +29,14 @@ def test_health_and_status(client):
     assert client.health_status() == "SERVING"
 
 
+def test_each_evaluator_has_its_own_health_service(client):
+    # retrace.v1.Evaluator/<name>, as the server publishes it.
+    assert client.health_status(evaluator="tiny") == "SERVING"
+    assert client.health(evaluator="judge") is True
+    assert client.health_status(evaluator="no-such-evaluator") == "SERVICE_UNKNOWN"
+    assert client.health(evaluator="no-such-evaluator") is False
+
+
 def test_list_evaluators(client, fake_judge):
     infos = {e.name: e for e in client.list_evaluators()}
     assert set(infos) == {"tiny", "judge"}
