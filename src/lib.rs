@@ -8,8 +8,8 @@
 //! The server library; beside it, `crates/retrace-model` (the pure candle model) and
 //! `crates/retrace-cli` (the `retrace` binary and its tools). From the top of the import graph
 //! down, with no cycle and no arrow upward:
-//! - `api/`: the tonic service and the HTTP/JSON edge (`api/http/`: OpenRLHF's `/get_reward`,
-//!   proto3 JSON at `/v1/...`); proto <-> domain at the edge (`convert.rs`); the one error ->
+//! - `api/`: the tonic service and the HTTP/JSON edge (`api/http/`: the trainers' reward routes,
+//!   OpenRLHF's `/get_reward` and slime's `/slime/reward`, proto3 JSON at `/v1/...`); proto <-> domain at the edge (`convert.rs`); the one error ->
 //!   status table (`status.rs`); the codec and the layer that answer a request tonic can't read
 //!   as bad input.
 //! - `config/`: the file, `--set` and typed flags -> one validated `Config`. It owns no kind's
@@ -242,7 +242,11 @@ fn spawn_http(
     stop: &Stop,
 ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, ServeError> {
     let auth = BearerAuth::new(config.auth_tokens()?);
-    let router = api::http::router(engine, auth, config.reward.clone());
+    let router =
+        api::http::router(engine, auth, config.reward.clone()).map_err(|message| ConfigError {
+            source_name: config.source.clone(),
+            message,
+        })?;
     Ok(tokio::spawn(api::http::serve(
         listener,
         router,

@@ -113,11 +113,17 @@ impl Recorder {
         }
     }
 
-    fn finish<T>(mut self, result: &Result<T, EngineError>) {
+    fn finish<T>(self, result: &Result<T, EngineError>) {
         let code = match result {
             Ok(_) => tonic::Code::Ok,
             Err(e) => to_status(e).code(),
         };
+        self.finish_as(code);
+    }
+
+    /// Counts the call under `code`'s outcome: a reward answered with `empty_reward` after its
+    /// deadline passed still counts as deadline_exceeded.
+    fn finish_as(mut self, code: tonic::Code) {
         metrics::record_request(
             self.rpc,
             &self.evaluator,

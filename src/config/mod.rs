@@ -18,7 +18,9 @@ pub use crate::prm::{Backend, DeviceSpec, Dtype, PrmConfig, VllmConfig};
 pub use crate::upstream::UpstreamConfig;
 pub use evaluator::{EvaluatorConfig, KindConfig, defaults};
 pub use flags::ServerFlags;
-pub use reward::{LabelsAs, QuestionFrom, RewardConfig, RewardRule};
+pub use reward::{
+    LabelsAs, OnTimeout, QuestionFrom, RewardConfig, RewardRule, SLIME_EXTRAS, check_reward_key,
+};
 
 use crate::engine::{Admission, SlotSpec};
 pub use crate::env::{Env, Secret};
@@ -47,7 +49,7 @@ pub struct Config {
     pub server: ServerConfig,
     #[serde(default, rename = "evaluator")]
     pub evaluators: Vec<EvaluatorConfig>,
-    /// How `POST /get_reward` reads samples and makes rewards.
+    /// How the reward routes (`/get_reward`, `/slime/reward`) read samples and make rewards.
     #[serde(default)]
     pub reward: RewardConfig,
     /// Where the configuration came from, for error messages.
@@ -251,9 +253,9 @@ impl Config {
         {
             return Err(self.fail(format!("reward.evaluator {r:?} names no [[evaluator]]")));
         }
-        if !self.reward.empty_reward.is_finite() {
-            return Err(self.fail("reward.empty_reward must be a finite number".into()));
-        }
+        self.reward
+            .check()
+            .map_err(|m| self.fail(format!("reward.{m}")))?;
         Ok(())
     }
 

@@ -1,7 +1,10 @@
-//! `[reward]`: how `POST /get_reward` turns an RL trainer's prompt and response into a trace and
-//! a verdict into one number.
+//! `[reward]`: how the reward routes (`POST /get_reward`, `POST /slime/reward`) turn an RL
+//! trainer's prompt and response into a trace and a verdict into one number, and how long they
+//! wait for it.
 
+use crate::rule::{MAX_SECONDS, Refused, refuse};
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
 /// The `[reward]` table; every key has a default, so OpenRLHF needs none of them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -19,6 +22,20 @@ pub struct RewardConfig {
     /// The reward of a response with no step at all (an empty completion): a sample, not an
     /// error, so one empty rollout does not fail the trainer's whole batch.
     pub empty_reward: f32,
+    /// Seconds a reward request may take when its caller sends no `x-request-timeout` (the
+    /// trainers post fixed bodies and headers); unset: no deadline of the server's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    /// What a sample whose deadline passed gets.
+    pub on_timeout: OnTimeout,
+    /// The policy's tokenizer (a folder holding `tokenizer.json`): with it, `/get_reward` takes
+    /// token ids (`prompt_ids`, `completion_ids`) and decodes them itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_tokenizer: Option<PathBuf>,
+    /// `/slime/reward` answers `{KEY: reward, ...}` instead of a bare number (slime's
+    /// `--reward-key`); `?reward_key=` overrides it per trainer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reward_key: Option<String>,
 }
 
 impl Default for RewardConfig {
@@ -29,8 +46,63 @@ impl Default for RewardConfig {
             question: QuestionFrom::Chat,
             labels: LabelsAs::Ignore,
             empty_reward: 0.0,
+            timeout_s: None,
+            on_timeout: OnTimeout::Error,
+            policy_tokenizer: None,
+            reward_key: None,
         }
     }
+}
+
+impl RewardConfig {
+    /// The rules a type can't express; the message names the key (`reward.` is the caller's).
+    pub fn check(&self) -> Result<(), Refused> {
+        if !self.empty_reward.is_finite() {
+            return refuse("empty_reward must be a finite number");
+        }
+        if let Some(t) = self.timeout_s
+            && !(t > 0.0 && t <= MAX_SECONDS)
+        {
+            return refuse(format!("timeout_s must lie in (0, {MAX_SECONDS}], got {t}"));
+        }
+        if let Some(key) = &self.reward_key {
+            check_reward_key(key).map_err(|m| Refused(format!("reward_key {m}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// The numbers `/slime/reward` puts beside the reward in its dict; a reward key may not be one.
+pub const SLIME_EXTRAS: [&str; 5] = [
+    "trace_score",
+    "first_error_index",
+    "step_count",
+    "category",
+    "timed_out",
+];
+
+/// Why `key` can't name the reward in `/slime/reward`'s dict, if it can't.
+pub fn check_reward_key(key: &str) -> Result<(), String> {
+    if key.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    if SLIME_EXTRAS.contains(&key) {
+        return Err(format!(
+            "{key:?} names one of the numbers the dict carries beside the reward ({})",
+            SLIME_EXTRAS.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// What a reward sample gets when its deadline passes before its verdict.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// The request fails with DEADLINE_EXCEEDED (HTTP 504) naming the deadline.
+    Error,
+    /// The sample gets `empty_reward` and `timed_out` 1 in its logs; the rest keep theirs.
+    EmptyReward,
 }
 
 /// A verdict as one reward.
@@ -113,5 +185,63 @@ mod tests {
             assert_eq!(RewardRule::parse(r.as_str()), Some(r));
         }
         assert_eq!(RewardRule::parse("min"), None);
+    }
+
+    #[test]
+    fn checks_name_the_key() {
+        let ok = RewardConfig {
+            timeout_s: Some(30.0),
+            reward_key: Some("score".into()),
+            ..RewardConfig::default()
+        };
+        assert_eq!(ok.check(), Ok(()));
+        let cases = [
+            (
+                RewardConfig {
+                    timeout_s: Some(0.0),
+                    ..ok.clone()
+                },
+                "timeout_s",
+            ),
+            (
+                RewardConfig {
+                    timeout_s: Some(f64::NAN),
+                    ..ok.clone()
+                },
+                "timeout_s",
+            ),
+            (
+                RewardConfig {
+                    timeout_s: Some(MAX_SECONDS + 1.0),
+                    ..ok.clone()
+                },
+                "timeout_s",
+            ),
+            (
+                RewardConfig {
+                    reward_key: Some("step_count".into()),
+                    ..ok.clone()
+                },
+                "reward_key",
+            ),
+            (
+                RewardConfig {
+                    reward_key: Some(" ".into()),
+                    ..ok.clone()
+                },
+                "reward_key",
+            ),
+            (
+                RewardConfig {
+                    empty_reward: f32::INFINITY,
+                    ..ok.clone()
+                },
+                "empty_reward",
+            ),
+        ];
+        for (config, key) in cases {
+            let e = config.check().unwrap_err().0;
+            assert!(e.starts_with(key), "{e}");
+        }
     }
 }

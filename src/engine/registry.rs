@@ -272,6 +272,17 @@ impl Engine {
         requests: Vec<Request>,
         list: &FieldPath,
     ) -> Result<Vec<Verdict>, EngineError> {
+        self.evaluate_each(requests, list, |r| r).await
+    }
+
+    /// `evaluate_all`, where `settle` makes each request's outcome its item, or the error that
+    /// fails them all (and drops the rest): a reward batch keeps the verdicts it got in time.
+    pub async fn evaluate_each<T>(
+        &self,
+        requests: Vec<Request>,
+        list: &FieldPath,
+        settle: impl Fn(Result<Verdict, EngineError>) -> Result<T, EngineError>,
+    ) -> Result<Vec<T>, EngineError> {
         let Some(first) = requests.first() else {
             return Ok(Vec::new());
         };
@@ -281,9 +292,10 @@ impl Engine {
                 .map_err(|e| r.origin.locate(e))?;
         }
         let _permit = self.admit(requests.len(), list)?;
+        let settle = &settle;
         let runs = requests.into_iter().map(|r| async move {
             let origin = r.origin.clone();
-            slot.run(r).await.map_err(|e| origin.locate(e))
+            settle(slot.run(r).await.map_err(|e| origin.locate(e)))
         });
         futures::future::try_join_all(runs).await
     }

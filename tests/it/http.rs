@@ -16,13 +16,13 @@ const SYSTEM: &str = "<|im_start|>system\nPlease reason step by step, and put yo
                       within \\boxed{}.<|im_end|>\n";
 
 /// A ChatML prompt as OpenRLHF's dataset renders it with the chat template.
-fn chatml_prompt(question: &str) -> String {
+pub fn chatml_prompt(question: &str) -> String {
     format!("{SYSTEM}<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
 }
 
 /// A server hosting the committed tiny Qwen2.5-Math-PRM-shaped model, loaded for real, as the
 /// evaluator `name` (a test that reads its metrics gives a name no other test uses).
-async fn tiny_prm_server(name: &str, extra: &str) -> TestServer {
+pub async fn tiny_prm_server(name: &str, extra: &str) -> TestServer {
     let model = Path::new(crate::common::REPO).join("tests/fixtures/tiny/qwen2-math-prm");
     let text = format!(
         "[[evaluator]]\nname = \"{name}\"\nkind = \"prm\"\n\
@@ -36,16 +36,16 @@ async fn tiny_prm_server(name: &str, extra: &str) -> TestServer {
 }
 
 /// An HTTP client (reqwest needs its TLS provider named even for plain HTTP).
-fn client() -> reqwest::Client {
+pub fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::new()
 }
 
-async fn post(s: &TestServer, path: &str, body: &Value) -> (u16, Value) {
+pub async fn post(s: &TestServer, path: &str, body: &Value) -> (u16, Value) {
     post_with(s, path, body, &[]).await
 }
 
-async fn post_with(
+pub async fn post_with(
     s: &TestServer,
     path: &str,
     body: &Value,
@@ -63,7 +63,7 @@ async fn post_with(
 }
 
 /// The same trace through gRPC Evaluate: the reference for what `/get_reward` must answer.
-async fn grpc_verdict(s: &TestServer, question: &str, text: &str) -> pb::EvaluateResponse {
+pub async fn grpc_verdict(s: &TestServer, question: &str, text: &str) -> pb::EvaluateResponse {
     let trace = pb::Trace {
         question: question.into(),
         text: text.into(),
@@ -77,7 +77,7 @@ async fn grpc_verdict(s: &TestServer, question: &str, text: &str) -> pb::Evaluat
         .into_inner()
 }
 
-fn f(v: &Value) -> f32 {
+pub fn f(v: &Value) -> f32 {
     v.as_f64().unwrap() as f32
 }
 
@@ -259,7 +259,7 @@ async fn fake_server(server_extra: &str, delay: Duration) -> TestServer {
     s
 }
 
-fn error_of(reply: &(u16, Value)) -> (u16, String, String) {
+pub fn error_of(reply: &(u16, Value)) -> (u16, String, String) {
     let e = &reply.1["error"];
     assert_eq!(e["code"], json!(reply.0), "{}", reply.1);
     (

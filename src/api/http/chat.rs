@@ -76,14 +76,20 @@ pub(super) fn split<'a>(
             (prompt.unwrap_or(&query[..at]), &query[at..])
         }
     };
-    let question = match from {
-        QuestionFrom::Chat => last_user_turn(prompt).unwrap_or(prompt),
-        QuestionFrom::Raw => prompt,
-    };
     Ok(SampleParts {
-        question: question.trim(),
+        question: question(prompt, from),
         response: strip_end_markers(response),
     })
+}
+
+/// The question `prompt` asks: its last user turn (`Chat`, the whole prompt when it has no
+/// markup) or the prompt itself (`Raw`), trimmed.
+pub(super) fn question(prompt: &str, from: QuestionFrom) -> &str {
+    match from {
+        QuestionFrom::Chat => last_user_turn(prompt).unwrap_or(prompt),
+        QuestionFrom::Raw => prompt,
+    }
+    .trim()
 }
 
 /// Byte offset just past the last assistant header in `text`.

@@ -1,5 +1,5 @@
-//! The HTTP/JSON edge beside gRPC, into the same engine: OpenRLHF's `POST /get_reward`, the
-//! gRPC messages in proto3's JSON mapping at `POST /v1/evaluate` and `POST /v1/rank`,
+//! The HTTP/JSON edge beside gRPC, into the same engine: the trainers' reward routes (OpenRLHF's
+//! `POST /get_reward`, slime's `POST /slime/reward`), the gRPC messages in proto3's JSON mapping at `POST /v1/evaluate` and `POST /v1/rank`,
 //! `GET /v1/evaluators` and `GET /health`. Same admission, deadlines, bearer tokens, metrics
 //! (the route is the rpc label) and status table (its HTTP column).
 
@@ -37,24 +37,40 @@ pub(crate) struct Http {
     engine: Arc<Engine>,
     auth: BearerAuth,
     reward: RewardConfig,
+    /// `[reward] policy_tokenizer`, loaded: what token ids in a reward body are decoded with.
+    policy: Option<Arc<reward::PolicyTokenizer>>,
 }
 
-/// The routes, ready to serve.
-pub fn router(engine: Arc<Engine>, auth: BearerAuth, reward: RewardConfig) -> Router {
+/// The routes, ready to serve; fails when `[reward] policy_tokenizer` can't be loaded (the
+/// message names the key).
+pub fn router(
+    engine: Arc<Engine>,
+    auth: BearerAuth,
+    reward: RewardConfig,
+) -> Result<Router, String> {
+    let policy = match &reward.policy_tokenizer {
+        Some(path) => Some(Arc::new(
+            reward::PolicyTokenizer::load(path)
+                .map_err(|e| format!("reward.policy_tokenizer: {e}"))?,
+        )),
+        None => None,
+    };
     let state = Arc::new(Http {
         engine,
         auth,
         reward,
+        policy,
     });
-    Router::new()
-        .route("/get_reward", post(reward::get_reward))
+    Ok(Router::new()
+        .route("/get_reward", post(reward::handle::<reward::Openrlhf>))
+        .route("/slime/reward", post(reward::handle::<reward::Slime>))
         .route("/v1/evaluate", post(evaluate))
         .route("/v1/rank", post(rank))
         .route("/v1/evaluators", get(evaluators))
         .route("/health", get(health))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state)
+        .with_state(state))
 }
 
 /// Serves `router` on `listener` until `stop`, then lets requests in flight finish.
@@ -202,12 +218,27 @@ async fn answer<T: Serialize>(
     arrived: Instant,
     work: impl Future<Output = Result<T, EngineError>>,
 ) -> Response {
+    let work = async { work.await.map(|value| (value, Code::Ok)) };
+    answer_as(rpc, recorder_evaluator, arrived, work).await
+}
+
+/// `answer`, for a call that says which outcome its success counts as.
+async fn answer_as<T: Serialize>(
+    rpc: &'static str,
+    recorder_evaluator: String,
+    arrived: Instant,
+    work: impl Future<Output = Result<(T, Code), EngineError>>,
+) -> Response {
     let recorder = Recorder::new(rpc, recorder_evaluator, arrived);
-    let result = work.await;
-    recorder.finish(&result);
-    match result {
-        Ok(value) => json(StatusCode::OK, &value),
-        Err(e) => Failure::from(e).into_response(),
+    match work.await {
+        Ok((value, code)) => {
+            recorder.finish_as(code);
+            json(StatusCode::OK, &value)
+        }
+        Err(e) => {
+            recorder.finish_as(status::to_status(&e).code());
+            Failure::from(e).into_response()
+        }
     }
 }
 
@@ -299,8 +330,8 @@ async fn not_found(uri: axum::http::Uri) -> Response {
         "code": 404,
         "status": "NOT_FOUND",
         "message": format!(
-            "no route {}; this server answers POST /get_reward, POST /v1/evaluate, \
-             POST /v1/rank, GET /v1/evaluators and GET /health",
+            "no route {}; this server answers POST /get_reward, POST /slime/reward, \
+             POST /v1/evaluate, POST /v1/rank, GET /v1/evaluators and GET /health",
             capped(uri.path().chars().take(128).collect())
         ),
     }});
