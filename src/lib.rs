@@ -168,8 +168,7 @@ pub async fn serve(
     }
     let names: Vec<&str> = config.evaluators.iter().map(|e| e.name.as_str()).collect();
     let (mut health, health_service) = Health::new(&names).await;
-    let server = grpc_server(&config, engine.clone(), health_service)?
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stop.signal());
+    let server = grpc_server(&config, &engine, health_service, listeners.grpc, &stop)?;
     tokio::pin!(server);
     let http = match listeners.http {
         Some(listener) => Some(spawn_http(listener, &config, engine.clone(), &stop)?),
@@ -299,16 +298,19 @@ fn serve_metrics(
     });
 }
 
-/// The gRPC router: health, reflection, and the Evaluator service behind bearer auth and TLS.
+/// The gRPC server on `listener` until `stop`: health, reflection, and the Evaluator service
+/// behind bearer auth and TLS; every call under the caller's deadline (`api::Deadlines`).
 fn grpc_server(
     config: &Config,
-    engine: Arc<Engine>,
+    engine: &Arc<Engine>,
     health_service: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
-) -> Result<tonic::transport::server::Router, ServeError> {
+    listener: TcpListener,
+    stop: &Stop,
+) -> Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send, ServeError> {
     // A request tonic cannot read is answered as bad input, not as our bug (src/api/unreadable.rs).
-    let evaluator = Readable(EvaluatorService::new(engine).into_server());
+    let evaluator = Readable(EvaluatorService::new(engine.clone()).into_server());
     let auth = BearerAuth::new(config.auth_tokens()?);
     let reflection = |b: tonic_reflection::server::Builder<'static>| {
         b.register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
@@ -336,12 +338,14 @@ fn grpc_server(
         builder = builder.tls_config(ServerTlsConfig::new().identity(identity))?;
     }
     Ok(builder
+        .layer(api::Deadlines)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(tonic::service::interceptor::InterceptedService::new(
             evaluator, auth,
-        )))
+        ))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.signal()))
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -202,7 +202,8 @@ async fn answer<T: Serialize>(
     arrived: Instant,
     work: impl Future<Output = Result<T, EngineError>>,
 ) -> Response {
-    let recorder = Recorder::new(rpc, recorder_evaluator, arrived);
+    // No timer but the engine's keeps an HTTP deadline, so a drop is the caller leaving.
+    let recorder = Recorder::new(rpc, recorder_evaluator, arrived, None);
     let result = work.await;
     recorder.finish(&result);
     match result {
