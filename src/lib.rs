@@ -73,7 +73,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 /// The sockets the server answers on; bind them first (tests use 127.0.0.1:0).
@@ -299,7 +298,8 @@ fn serve_metrics(
 }
 
 /// The gRPC server on `listener` until `stop`: health, reflection, and the Evaluator service
-/// behind bearer auth and TLS; every call under the caller's deadline (`api::Deadlines`).
+/// behind bearer auth and TLS; every call under the caller's deadline (`api::Deadlines`), every
+/// connection retired after `max_connection_age_s`.
 fn grpc_server(
     config: &Config,
     engine: &Arc<Engine>,
@@ -326,7 +326,15 @@ fn grpc_server(
     let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
         .build_v1alpha()
         .map_err(reflection_err)?;
-    let mut builder = Server::builder();
+    let s = &config.server;
+    let seconds = Duration::from_secs_f64;
+    // tonic is given the age alone: its grace would skip the GOAWAY, so the close after the
+    // grace is api::connection's.
+    let mut builder = Server::builder()
+        .max_connection_age(seconds(s.max_connection_age_s))
+        .http2_keepalive_interval(Some(seconds(s.http2_keepalive_interval_s)))
+        .http2_keepalive_timeout(Some(seconds(s.http2_keepalive_timeout_s)));
+    let life = seconds(s.max_connection_age_s + s.max_connection_age_grace_s);
     if let (Some(cert), Some(key)) = (&config.server.tls_cert, &config.server.tls_key) {
         let read = |p: &std::path::Path| {
             std::fs::read(p).map_err(|source| ServeError::Io {
@@ -345,7 +353,7 @@ fn grpc_server(
         .add_service(tonic::service::interceptor::InterceptedService::new(
             evaluator, auth,
         ))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.signal()))
+        .serve_with_incoming_shutdown(api::incoming(listener, life), stop.signal()))
 }
 
 /// Resolves on SIGTERM or SIGINT.

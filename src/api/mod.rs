@@ -3,6 +3,7 @@
 
 mod auth;
 mod codec;
+mod connection;
 pub(crate) mod convert;
 mod deadline;
 pub mod http;
@@ -10,6 +11,7 @@ mod status;
 mod unreadable;
 
 pub use auth::BearerAuth;
+pub(crate) use connection::incoming;
 pub use convert::{TraceParts, category_from_pb};
 pub use deadline::{Deadlines, WithDeadline};
 pub use status::{outcome, to_status};

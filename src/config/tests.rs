@@ -311,6 +311,39 @@ fn limits_that_would_panic_later_are_refused_now() {
 }
 
 #[test]
+fn connection_lifetimes_are_positive_seconds_up_to_an_hour() {
+    let c = parse(EXAMPLE).unwrap();
+    let s = &c.server;
+    assert_eq!(
+        (s.max_connection_age_s, s.max_connection_age_grace_s),
+        (300.0, 60.0)
+    );
+    assert_eq!(
+        (s.http2_keepalive_interval_s, s.http2_keepalive_timeout_s),
+        (60.0, 20.0)
+    );
+    for key in [
+        "max_connection_age_s",
+        "max_connection_age_grace_s",
+        "http2_keepalive_interval_s",
+        "http2_keepalive_timeout_s",
+    ] {
+        for ok in ["0.5", "3600"] {
+            let set = format!("server.{key}={ok}");
+            assert!(Config::parse(EXAMPLE, "t", &[set]).is_ok(), "{key} = {ok}");
+        }
+        for bad in ["0", "-1", "nan", "inf", "3600.5"] {
+            let err = Config::parse(EXAMPLE, "t", &[format!("server.{key}={bad}")]).unwrap_err();
+            assert!(
+                err.message
+                    .contains(&format!("server.{key} must lie in (0, 3600] seconds")),
+                "{key} = {bad}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
 fn secrets_are_redacted() {
     let text = EXAMPLE.replace(
         "shutdown_grace_s = 30",
