@@ -182,7 +182,15 @@ impl Config {
         if !sets.is_empty() {
             let mut table: toml::Table = toml::from_str(text).map_err(|e| err(e.to_string()))?;
             for o in sets {
-                apply_override(&mut table, o).map_err(|e| err(e.to_string()))?;
+                let bare = apply_override(&mut table, o).map_err(|e| err(e.to_string()))?;
+                // Bare text is a string: refused at once, naming the --set, for a key that
+                // takes none.
+                if let Some(raw) = bare
+                    && let Err(e) = Config::deserialize(toml::Value::Table(table.clone()))
+                    && let Some(refused) = overrides::check_bare(o, raw, e.message())
+                {
+                    return Err(err(refused.to_string()));
+                }
             }
             config = Config::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
                 let message = at_fault(&table, e.message(), None).unwrap_or(e.to_string());
