@@ -73,7 +73,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 /// The sockets the server answers on; bind them first (tests use 127.0.0.1:0).
@@ -168,8 +167,7 @@ pub async fn serve(
     }
     let names: Vec<&str> = config.evaluators.iter().map(|e| e.name.as_str()).collect();
     let (mut health, health_service) = Health::new(&names).await;
-    let server = grpc_server(&config, engine.clone(), health_service)?
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stop.signal());
+    let server = grpc_server(&config, &engine, health_service, listeners.grpc, &stop)?;
     tokio::pin!(server);
     let http = match listeners.http {
         Some(listener) => Some(spawn_http(listener, &config, engine.clone(), &stop)?),
@@ -303,16 +301,20 @@ fn serve_metrics(
     });
 }
 
-/// The gRPC router: health, reflection, and the Evaluator service behind bearer auth and TLS.
+/// The gRPC server on `listener` until `stop`: health, reflection, and the Evaluator service
+/// behind bearer auth and TLS; every call under the caller's deadline (`api::Deadlines`), every
+/// connection retired after `max_connection_age_s`.
 fn grpc_server(
     config: &Config,
-    engine: Arc<Engine>,
+    engine: &Arc<Engine>,
     health_service: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
-) -> Result<tonic::transport::server::Router, ServeError> {
+    listener: TcpListener,
+    stop: &Stop,
+) -> Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send, ServeError> {
     // A request tonic cannot read is answered as bad input, not as our bug (src/api/unreadable.rs).
-    let evaluator = Readable(EvaluatorService::new(engine).into_server());
+    let evaluator = Readable(EvaluatorService::new(engine.clone()).into_server());
     let auth = BearerAuth::new(config.auth_tokens()?);
     let reflection = |b: tonic_reflection::server::Builder<'static>| {
         b.register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
@@ -328,7 +330,15 @@ fn grpc_server(
     let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
         .build_v1alpha()
         .map_err(reflection_err)?;
-    let mut builder = Server::builder();
+    let s = &config.server;
+    let seconds = Duration::from_secs_f64;
+    // tonic is given the age alone: its grace would skip the GOAWAY, so the close after the
+    // grace is api::connection's.
+    let mut builder = Server::builder()
+        .max_connection_age(seconds(s.max_connection_age_s))
+        .http2_keepalive_interval(Some(seconds(s.http2_keepalive_interval_s)))
+        .http2_keepalive_timeout(Some(seconds(s.http2_keepalive_timeout_s)));
+    let life = seconds(s.max_connection_age_s + s.max_connection_age_grace_s);
     if let (Some(cert), Some(key)) = (&config.server.tls_cert, &config.server.tls_key) {
         let read = |p: &std::path::Path| {
             std::fs::read(p).map_err(|source| ServeError::Io {
@@ -340,12 +350,14 @@ fn grpc_server(
         builder = builder.tls_config(ServerTlsConfig::new().identity(identity))?;
     }
     Ok(builder
+        .layer(api::Deadlines)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(tonic::service::interceptor::InterceptedService::new(
             evaluator, auth,
-        )))
+        ))
+        .serve_with_incoming_shutdown(api::incoming(listener, life), stop.signal()))
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -1,4 +1,6 @@
-//! Optional bearer-token auth for the Evaluator service, compared in constant time.
+//! Optional bearer-token auth for the Evaluator service and the HTTP routes. Tokens are
+//! compared as SHA-256 digests in constant time: comparing the tokens themselves takes time that
+//! depends on their lengths, which would tell a caller how long a valid token is.
 
 use crate::env::Secret;
 use subtle::ConstantTimeEq;
@@ -8,28 +10,41 @@ use tonic::{Request, Status, service::Interceptor};
 /// tokens configured, accepts everything.
 #[derive(Clone)]
 pub struct BearerAuth {
-    tokens: std::sync::Arc<Vec<Secret>>,
+    /// The accepted tokens' digests, computed once when the server starts; the tokens
+    /// themselves are not kept.
+    digests: std::sync::Arc<Vec<[u8; 32]>>,
 }
 
 impl BearerAuth {
     pub fn new(tokens: Vec<Secret>) -> Self {
+        let digests = tokens.iter().map(|t| digest(t.0.as_bytes())).collect();
         BearerAuth {
-            tokens: std::sync::Arc::new(tokens),
+            digests: std::sync::Arc::new(digests),
         }
     }
 
     fn accepts(&self, presented: &[u8]) -> bool {
-        // Check every token so the time taken doesn't reveal which one nearly matched.
-        self.tokens.iter().fold(false, |ok, t| {
-            ok | bool::from(t.0.as_bytes().ct_eq(presented))
-        })
+        let presented = digest(presented);
+        // Every digest is compared, so the time taken doesn't reveal which one matched.
+        let matched = self
+            .digests
+            .iter()
+            .fold(subtle::Choice::from(0), |ok, d| ok | d.ct_eq(&presented));
+        matched.into()
     }
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest.as_ref());
+    out
 }
 
 impl BearerAuth {
     /// Checks an `authorization` value (gRPC metadata or HTTP header); the error says why.
     pub fn check(&self, authorization: Option<&str>) -> Result<(), &'static str> {
-        if self.tokens.is_empty() {
+        if self.digests.is_empty() {
             return Ok(());
         }
         let presented = authorization
@@ -83,5 +98,27 @@ mod tests {
             Err(tonic::Code::Unauthenticated)
         );
         assert_eq!(call(&mut auth, None), Err(tonic::Code::Unauthenticated));
+    }
+
+    #[test]
+    fn only_the_very_token_is_accepted_whatever_the_lengths() {
+        let token = "s3cret-token";
+        let auth = BearerAuth::new(vec![Secret(token.into())]);
+        assert!(auth.accepts(token.as_bytes()));
+        let long = "s3cret-token".repeat(1000);
+        for other in [
+            "",
+            "s",
+            "s3cret-toke",
+            "s3cret-token ",
+            "s3cret-tokeN",
+            long.as_str(),
+        ] {
+            assert!(!auth.accepts(other.as_bytes()), "{other:?}");
+        }
+        // What is kept is a fixed-size digest per token, whatever the token's length.
+        let auth = BearerAuth::new(vec![Secret("x".into()), Secret(long.clone())]);
+        assert_eq!(auth.digests.len(), 2);
+        assert!(auth.accepts(b"x") && auth.accepts(long.as_bytes()));
     }
 }

@@ -3,19 +3,24 @@
 
 mod auth;
 mod codec;
+mod connection;
 pub(crate) mod convert;
+mod deadline;
 pub mod http;
 mod status;
 mod unreadable;
 
 pub use auth::BearerAuth;
+pub(crate) use connection::incoming;
 pub use convert::{TraceParts, category_from_pb};
+pub use deadline::{Deadlines, WithDeadline};
 pub use status::{outcome, to_status};
 pub use unreadable::Readable;
 
 use crate::engine::{Engine, EngineError, Origin, Request as EngineRequest};
 use crate::field::FieldPath;
 use crate::metrics;
+use deadline::Arrival;
 use futures::StreamExt;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -87,28 +92,39 @@ async fn evaluate_one(
     Ok(convert::response(input.id, &trace, verdict))
 }
 
-/// The caller's deadline, brought forward a little so that our DEADLINE_EXCEEDED (which says
-/// where the time went) reaches the caller before tonic's own timer cancels the call.
-fn deadline_of<T>(request: &Request<T>, arrived: Instant) -> Option<Instant> {
-    convert::grpc_timeout(request.metadata())
-        .map(|d| arrived + d - (d / 10).min(Duration::from_millis(20)))
+/// The engine's deadline: the caller's, brought forward a little so that the engine's
+/// DEADLINE_EXCEEDED, which says where the time went, normally answers before the deadline
+/// layer's plainer one.
+fn engine_deadline(arrival: &Arrival) -> Option<Instant> {
+    let d = arrival.timeout?;
+    arrival
+        .at
+        .checked_add(d - (d / 10).min(Duration::from_millis(20)))
 }
 
-/// Counts a request once: with its outcome when it finishes, as `cancelled` when its future is
-/// dropped first (the caller went away).
+/// Counts a request once: with its outcome when it finishes; when its future is dropped first,
+/// as `deadline_exceeded` if the caller's deadline had passed (the deadline layer answered, or
+/// the caller's own timer gave up), else as `cancelled` (the caller went away).
 struct Recorder {
     rpc: &'static str,
     evaluator: String,
     arrived: Instant,
+    deadline: Option<Instant>,
     done: bool,
 }
 
 impl Recorder {
-    fn new(rpc: &'static str, evaluator: String, arrived: Instant) -> Self {
+    fn new(
+        rpc: &'static str,
+        evaluator: String,
+        arrived: Instant,
+        deadline: Option<Instant>,
+    ) -> Self {
         Recorder {
             rpc,
             evaluator,
             arrived,
+            deadline,
             done: false,
         }
     }
@@ -137,12 +153,11 @@ impl Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         if !self.done {
-            metrics::record_request(
-                self.rpc,
-                &self.evaluator,
-                "cancelled",
-                self.arrived.elapsed(),
-            );
+            let outcome = match self.deadline {
+                Some(d) if Instant::now() >= d => "deadline_exceeded",
+                _ => "cancelled",
+            };
+            metrics::record_request(self.rpc, &self.evaluator, outcome, self.arrived.elapsed());
         }
     }
 }
@@ -185,11 +200,12 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
         &self,
         request: Request<pb::EvaluateRequest>,
     ) -> Result<Response<pb::EvaluateResponse>, Status> {
-        let arrived = Instant::now();
-        let deadline = deadline_of(&request, arrived);
+        let arrival = Arrival::take(&request);
         let req = request.into_inner();
-        let recorder = Recorder::new("Evaluate", label(&self.engine, &req.evaluator), arrived);
-        let result = evaluate_one(&self.engine, req, deadline, arrived).await;
+        let evaluator = label(&self.engine, &req.evaluator);
+        let recorder = Recorder::new("Evaluate", evaluator, arrival.at, arrival.deadline());
+        let deadline = engine_deadline(&arrival);
+        let result = evaluate_one(&self.engine, req, deadline, arrival.at).await;
         recorder.finish(&result);
         result.map(Response::new).map_err(|e| to_status(&e))
     }
@@ -200,7 +216,8 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
         &self,
         request: Request<Streaming<pb::EvaluateRequest>>,
     ) -> Result<Response<Self::EvaluateStreamStream>, Status> {
-        let stream_deadline = deadline_of(&request, Instant::now());
+        let arrival = Arrival::take(&request);
+        let (stream_deadline, caller_deadline) = (engine_deadline(&arrival), arrival.deadline());
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let engine = self.engine.clone();
@@ -227,7 +244,7 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
                             tasks.spawn(async move {
                                 let arrived = Instant::now();
                                 let (id, evaluator) = (req.id.clone(), label(&engine, &req.evaluator));
-                                let recorder = Recorder::new("EvaluateStream", evaluator.clone(), arrived);
+                                let recorder = Recorder::new("EvaluateStream", evaluator.clone(), arrived, caller_deadline);
                                 let result = evaluate_one(&engine, req, stream_deadline, arrived).await;
                                 recorder.finish(&result);
                                 let item = result.unwrap_or_else(|e| error_response(id, evaluator, &e));
@@ -253,11 +270,11 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
         &self,
         request: Request<pb::RankRequest>,
     ) -> Result<Response<pb::RankResponse>, Status> {
-        let arrived = Instant::now();
-        let deadline = deadline_of(&request, arrived);
+        let arrival = Arrival::take(&request);
         let req = request.into_inner();
-        let recorder = Recorder::new("Rank", label(&self.engine, &req.evaluator), arrived);
-        let result = rank(&self.engine, req, deadline, arrived).await;
+        let evaluator = label(&self.engine, &req.evaluator);
+        let recorder = Recorder::new("Rank", evaluator, arrival.at, arrival.deadline());
+        let result = rank(&self.engine, req, engine_deadline(&arrival), arrival.at).await;
         recorder.finish(&result);
         result.map(Response::new).map_err(|e| to_status(&e))
     }

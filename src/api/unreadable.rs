@@ -105,7 +105,7 @@ where
 }
 
 /// The metrics label of a retrace.v1.Evaluator method, from its path; `None` for any other.
-fn rpc_of(path: &str) -> Option<&'static str> {
+pub(super) fn rpc_of(path: &str) -> Option<&'static str> {
     match path.rsplit_once('/')?.1 {
         "Evaluate" => Some("Evaluate"),
         "EvaluateStream" => Some("EvaluateStream"),

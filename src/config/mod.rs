@@ -78,6 +78,15 @@ pub struct ServerConfig {
     /// Requests admitted at once, across evaluators; more are refused with RESOURCE_EXHAUSTED.
     pub max_in_flight: usize,
     pub shutdown_grace_s: f64,
+    /// A gRPC connection's life: past it the server sends GOAWAY, so the client makes its next
+    /// calls on a new connection (behind a headless Service, maybe to a pod that joined since).
+    pub max_connection_age_s: f64,
+    /// How long calls in flight on a connection past its age may still finish; then it closes.
+    pub max_connection_age_grace_s: f64,
+    /// HTTP/2 PINGs every so often on each gRPC connection, and how long the answer may take
+    /// before the connection is dropped: finds peers that vanished without closing.
+    pub http2_keepalive_interval_s: f64,
+    pub http2_keepalive_timeout_s: f64,
     /// Default per-evaluator limits on a trace's size.
     pub max_steps: usize,
     pub max_trace_bytes: usize,
@@ -110,6 +119,10 @@ impl Default for ServerConfig {
             default_evaluator: None,
             max_in_flight: 512,
             shutdown_grace_s: 30.0,
+            max_connection_age_s: 300.0,
+            max_connection_age_grace_s: 60.0,
+            http2_keepalive_interval_s: 60.0,
+            http2_keepalive_timeout_s: 20.0,
             max_steps: 256,
             max_trace_bytes: 256 * 1024,
             auth_tokens: Vec::new(),
@@ -171,7 +184,15 @@ impl Config {
         if !sets.is_empty() {
             let mut table: toml::Table = toml::from_str(text).map_err(|e| err(e.to_string()))?;
             for o in sets {
-                apply_override(&mut table, o).map_err(|e| err(e.to_string()))?;
+                let bare = apply_override(&mut table, o).map_err(|e| err(e.to_string()))?;
+                // Bare text is a string: refused at once, naming the --set, for a key that
+                // takes none.
+                if let Some(raw) = bare
+                    && let Err(e) = Config::deserialize(toml::Value::Table(table.clone()))
+                    && let Some(refused) = overrides::check_bare(o, raw, e.message())
+                {
+                    return Err(err(refused.to_string()));
+                }
             }
             config = Config::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
                 let message = at_fault(&table, e.message(), None).unwrap_or(e.to_string());
@@ -268,6 +289,19 @@ impl Config {
             return Err(self.fail(format!(
                 "server.shutdown_grace_s must lie in [0, {MAX_GRACE_S}]"
             )));
+        }
+        for (key, seconds) in [
+            ("max_connection_age_s", s.max_connection_age_s),
+            ("max_connection_age_grace_s", s.max_connection_age_grace_s),
+            ("http2_keepalive_interval_s", s.http2_keepalive_interval_s),
+            ("http2_keepalive_timeout_s", s.http2_keepalive_timeout_s),
+        ] {
+            if !(seconds > 0.0 && seconds <= crate::rule::MAX_SECONDS) {
+                return Err(self.fail(format!(
+                    "server.{key} must lie in (0, {}] seconds, got {seconds}",
+                    crate::rule::MAX_SECONDS
+                )));
+            }
         }
         if s.max_in_flight > MAX_CAPACITY {
             return Err(self.fail(format!(

@@ -282,6 +282,38 @@ fn overrides_apply_and_validate() {
 }
 
 #[test]
+fn a_set_value_that_is_not_toml_is_a_string_only_for_a_key_that_takes_one() {
+    for (set, want) in [
+        (
+            "server.max_in_flight=abc",
+            "--set server.max_in_flight=abc: expected an integer (usize), and `abc` is not one",
+        ),
+        (
+            "server.shutdown_grace_s=3s",
+            "--set server.shutdown_grace_s=3s: expected a number (f64), and `3s` is not one",
+        ),
+        (
+            "evaluator.qwen-prm.threshold=high",
+            "--set evaluator.qwen-prm.threshold=high: expected a number (f32), and `high` is not one",
+        ),
+        (
+            "server.auth_tokens=[a,b]",
+            "--set server.auth_tokens=[a,b]: expected an array ([...]), and `[a,b]` is not one",
+        ),
+    ] {
+        let err = Config::parse(EXAMPLE, "t", &[set.to_string()]).unwrap_err();
+        assert!(err.message.contains(want), "{set}: {err}");
+    }
+    // A key that takes a string still takes the bare text, as `--set` has always allowed.
+    let sets = ["evaluator.qwen-prm.model=some/path".to_string()];
+    let c = Config::parse(EXAMPLE, "t", &sets).unwrap();
+    let KindConfig::Prm(p) = &c.evaluators[0].kind else {
+        panic!("a prm table")
+    };
+    assert_eq!(p.model, "some/path");
+}
+
+#[test]
 fn limits_that_would_panic_later_are_refused_now() {
     for (from, to, key) in [
         (
@@ -307,6 +339,39 @@ fn limits_that_would_panic_later_are_refused_now() {
     ] {
         let err = parse(&EXAMPLE.replace(from, to)).unwrap_err();
         assert!(err.message.contains(key), "{key}: {err}");
+    }
+}
+
+#[test]
+fn connection_lifetimes_are_positive_seconds_up_to_an_hour() {
+    let c = parse(EXAMPLE).unwrap();
+    let s = &c.server;
+    assert_eq!(
+        (s.max_connection_age_s, s.max_connection_age_grace_s),
+        (300.0, 60.0)
+    );
+    assert_eq!(
+        (s.http2_keepalive_interval_s, s.http2_keepalive_timeout_s),
+        (60.0, 20.0)
+    );
+    for key in [
+        "max_connection_age_s",
+        "max_connection_age_grace_s",
+        "http2_keepalive_interval_s",
+        "http2_keepalive_timeout_s",
+    ] {
+        for ok in ["0.5", "3600"] {
+            let set = format!("server.{key}={ok}");
+            assert!(Config::parse(EXAMPLE, "t", &[set]).is_ok(), "{key} = {ok}");
+        }
+        for bad in ["0", "-1", "nan", "inf", "3600.5"] {
+            let err = Config::parse(EXAMPLE, "t", &[format!("server.{key}={bad}")]).unwrap_err();
+            assert!(
+                err.message
+                    .contains(&format!("server.{key} must lie in (0, 3600] seconds")),
+                "{key} = {bad}: {err}"
+            );
+        }
     }
 }
 

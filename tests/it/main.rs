@@ -10,6 +10,7 @@
 mod bench;
 mod cli;
 mod common;
+mod connections;
 mod dead_model;
 mod eval;
 mod fuzz_props;

@@ -492,6 +492,44 @@ async fn deadline_drops_queued_work_before_the_model() {
         c.clone().evaluate(req).await.unwrap_err().code(),
         Code::DeadlineExceeded
     );
+    let metrics = s.scrape().await;
+    let deadline = [("evaluator", "dl"), ("outcome", "deadline_exceeded")];
+    assert_eq!(
+        sample(&metrics, "retrace_requests_total", &deadline),
+        Some(2.0),
+        "both count as deadlines, whichever timer fired: {metrics}"
+    );
+    s.stop().await.unwrap();
+}
+
+/// tonic keeps a `grpc-timeout` timer of its own, started when the headers arrive, before our
+/// handler has the request; when it fires first (here it must: the body never comes, so the
+/// handler never runs) the caller still gets DEADLINE_EXCEEDED, never tonic's CANCELLED (which
+/// clients retry), and the request is counted as a deadline, not a cancellation.
+#[tokio::test]
+async fn a_deadline_that_passes_before_the_handler_runs_is_deadline_exceeded() {
+    let (s, _) = quick_server(&[("early", "")], "").await;
+    let counted = |metrics: &str, outcome| {
+        let labels = [
+            ("rpc", "Evaluate"),
+            ("evaluator", "unknown"),
+            ("outcome", outcome),
+        ];
+        sample(metrics, "retrace_requests_total", &labels).unwrap_or(0.0)
+    };
+    let before = counted(&s.scrape().await, "deadline_exceeded");
+    // A bare HTTP/2 client: tonic's own client would keep a timer of its own.
+    let mut connection = http2::connect(s.addr).await;
+    let headers = http2::grpc_headers(s.addr, "/retrace.v1.Evaluator/Evaluate", Some("50m"));
+    // The body stays open and empty: the request is never whole, so no handler can run.
+    let (response, _body) = connection.send.send_request(headers, false).unwrap();
+    let (status, _) = http2::finish(response).await.unwrap();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(
+        counted(&s.scrape().await, "deadline_exceeded"),
+        before + 1.0,
+        "counted as a deadline"
+    );
     s.stop().await.unwrap();
 }
 

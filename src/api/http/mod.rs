@@ -229,7 +229,8 @@ async fn answer_as<T: Serialize>(
     arrived: Instant,
     work: impl Future<Output = Result<(T, Code), EngineError>>,
 ) -> Response {
-    let recorder = Recorder::new(rpc, recorder_evaluator, arrived);
+    // No timer but the engine's keeps an HTTP deadline, so a drop is the caller leaving.
+    let recorder = Recorder::new(rpc, recorder_evaluator, arrived, None);
     match work.await {
         Ok((value, code)) => {
             recorder.finish_as(code);

@@ -4,6 +4,7 @@
 /// The repository's root, where `tests/fixtures/` lies.
 pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
+pub mod http2;
 pub mod llama;
 pub mod upstream;
 pub mod vllm;

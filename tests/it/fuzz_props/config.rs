@@ -35,6 +35,12 @@ fn setting() -> impl Strategy<Value = Setting> {
             (0..3600).contains(&n)
         )),
         (0u64..3).prop_map(move |n| s("server", "max_steps", n.to_string(), n >= 1)),
+        (-2i64..3700).prop_map(move |n| s(
+            "server",
+            "max_connection_age_s",
+            format!("{n}.5"),
+            (0..3600).contains(&n)
+        )),
         (-20i64..120).prop_map(move |n| s(
             "evaluator",
             "threshold",
@@ -83,6 +89,7 @@ fn loaded(config: &Config, s: &Setting) -> String {
         "max_in_flight" => config.server.max_in_flight.to_string(),
         "shutdown_grace_s" => format!("{:.1}", config.server.shutdown_grace_s),
         "max_steps" => config.server.max_steps.to_string(),
+        "max_connection_age_s" => format!("{:.1}", config.server.max_connection_age_s),
         "threshold" => format!("{:.2}", e.threshold),
         "samples" => j.samples.to_string(),
         "retries" => j.endpoint.retries.to_string(),
