@@ -2,8 +2,9 @@
 //!
 //! Process reward models on candle, and nothing else: no runtime, metrics, server config or
 //! RPC. A checkpoint (a Hugging Face folder or a GGUF file) is loaded with the head its family
-//! reads; token ids and the positions to read go in, one score in [0, 1] per position comes out.
-//! Rows of a batch are packed end to end, not padded; tokens rows share are computed once, and
+//! reads, or a head trained on it; token ids and the positions to read go in, one score in
+//! [0, 1] per position comes out (or the hidden states of chosen layers there, a trainer's
+//! features: `PrmModel::states`). Rows of a batch are packed end to end, not padded; tokens rows share are computed once, and
 //! an optional prefix cache keeps what earlier batches computed.
 //!
 //! ```
@@ -34,12 +35,15 @@
 //! - `decoder/`: the packed decoder, run in stages (`stream`, `reads`, `layer`, `attention`,
 //!   `capture`; `packing`: keys and values per packed row); `layers.rs`: linear and embedding
 //!   layers, f32 or quantized.
-//! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair).
+//! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair);
+//!   `trained.rs`: a head trained on a frozen base, over the hidden states of chosen layers.
+//! - `checksum.rs`: a checkpoint's weights checksum, which ties a trained head to its base.
 //! - `gguf.rs`, `weights.rs`: checkpoints from GGUF files and safetensors.
 //! - `plan.rs` (a batch's layout of shared segments), `prefix_cache.rs` (what earlier batches
 //!   computed).
 
 mod batch;
+mod checksum;
 mod config;
 mod decoder;
 mod error;
@@ -49,11 +53,14 @@ mod layers;
 mod model;
 mod plan;
 mod prefix_cache;
+mod trained;
 mod weights;
 
-pub use batch::{Row, Tokens};
+pub use batch::{Row, RowStates, Tokens};
+pub use checksum::checkpoint_sha256;
 pub use config::{ModelConfig, ModelConfigError};
 pub use error::ModelError;
 pub use gguf::Gguf;
 pub use head::HeadSpec;
 pub use model::{CacheStats, PrmModel, Reuse, is_gguf};
+pub use trained::{HEAD_CONFIG, HEAD_WEIGHTS, TrainedKind, TrainedSpec, average_states};

@@ -90,7 +90,7 @@ fn loaded(config: &Config, s: &Setting) -> String {
         "shutdown_grace_s" => format!("{:.1}", config.server.shutdown_grace_s),
         "max_steps" => config.server.max_steps.to_string(),
         "max_connection_age_s" => format!("{:.1}", config.server.max_connection_age_s),
-        "threshold" => format!("{:.2}", e.threshold),
+        "threshold" => format!("{:.2}", e.threshold.expect("resolved")),
         "samples" => j.samples.to_string(),
         "retries" => j.endpoint.retries.to_string(),
         "timeout_s" => format!("{:.1}", j.endpoint.timeout_s),
