@@ -1,4 +1,5 @@
-//! The scoring heads that turn a PRM's final hidden states into P(step correct), in f32.
+//! The scoring heads that turn a PRM's final hidden states into P(step correct), in f32, and
+//! the one head that gives a raw reward instead (a sequence classifier's `score`).
 
 use crate::config::ModelConfig;
 use crate::layers::Emb;
@@ -15,6 +16,9 @@ pub enum HeadSpec {
     ValueHead,
     /// A causal LM read at two vocabulary ids: softmax over (logit[plus], logit[minus]), index 0.
     LmPair { plus: u32, minus: u32 },
+    /// A sequence-classification reward model (`*ForSequenceClassification`, one label):
+    /// `score` Linear(H,1) without bias. Its score is the raw logit, unbounded, not a probability.
+    Outcome,
 }
 
 pub(crate) enum Head {
@@ -28,6 +32,9 @@ pub(crate) enum Head {
     /// The two LM-head rows as a Linear(H,2) without bias: the full-vocab projection is never built.
     LmPair {
         pair: Linear,
+    },
+    Outcome {
+        score: Linear,
     },
 }
 
@@ -60,6 +67,9 @@ impl Head {
             HeadSpec::ValueHead => Ok(Self::Value {
                 summary: f32_linear(candle_nn::linear(h, 1, vb.pp("v_head").pp("summary"))?)?,
             }),
+            HeadSpec::Outcome => Ok(Self::Outcome {
+                score: f32_linear(candle_nn::linear_no_bias(h, 1, vb.pp("score"))?)?,
+            }),
             HeadSpec::LmPair { plus, minus } => {
                 for id in [plus, minus] {
                     if id as usize >= cfg.vocab_size {
@@ -90,7 +100,7 @@ impl Head {
         }
     }
 
-    /// `hidden` (N, H) in any dtype -> N scores in [0, 1].
+    /// `hidden` (N, H) in any dtype -> N scores: in [0, 1], or raw rewards for `Outcome`.
     pub(crate) fn scores(&self, hidden: &Tensor) -> Result<Vec<f32>> {
         let x = hidden.to_dtype(DType::F32)?;
         let p = match self {
@@ -102,6 +112,7 @@ impl Head {
             Self::LmPair { pair } => {
                 candle_nn::ops::softmax_last_dim(&pair.forward(&x)?)?.narrow(1, 0, 1)?
             }
+            Self::Outcome { score } => score.forward(&x)?,
         };
         p.flatten_all()?.to_vec1::<f32>()
     }

@@ -2,7 +2,8 @@
 //!
 //! Process reward models on candle, and nothing else: no runtime, metrics, server config or
 //! RPC. A checkpoint (a Hugging Face folder or a GGUF file) is loaded with the head its family
-//! reads; token ids and the positions to read go in, one score in [0, 1] per position comes out.
+//! reads; token ids and the positions to read go in, one score in [0, 1] per position comes out
+//! (for a sequence-classification reward model, its raw reward at the one position read).
 //! Rows of a batch are packed end to end, not padded; tokens rows share are computed once, and
 //! an optional prefix cache keeps what earlier batches computed.
 //!
@@ -34,12 +35,14 @@
 //! - `decoder/`: the packed decoder, run in stages (`stream`, `reads`, `layer`, `attention`,
 //!   `capture`; `packing`: keys and values per packed row); `layers.rs`: linear and embedding
 //!   layers, f32 or quantized.
-//! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair).
+//! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair, a
+//!   sequence classifier's `score`); `classifier.rs`: a sequence classifier's own config keys.
 //! - `gguf.rs`, `weights.rs`: checkpoints from GGUF files and safetensors.
 //! - `plan.rs` (a batch's layout of shared segments), `prefix_cache.rs` (what earlier batches
 //!   computed).
 
 mod batch;
+mod classifier;
 mod config;
 mod decoder;
 mod error;
@@ -52,6 +55,7 @@ mod prefix_cache;
 mod weights;
 
 pub use batch::{Row, Tokens};
+pub use classifier::ClassifierConfig;
 pub use config::{ModelConfig, ModelConfigError};
 pub use error::ModelError;
 pub use gguf::Gguf;
