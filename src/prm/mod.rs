@@ -4,6 +4,7 @@
 mod batcher;
 mod candle;
 mod config;
+mod family;
 pub mod format;
 pub mod remote;
 mod template;
@@ -308,7 +309,16 @@ impl Evaluator for PrmEvaluator {
                 .await
                 .map_err(|_| PrmError::Batch(self.batcher.stopped()))?
                 .map_err(PrmError::from)?;
-            let mut judgement = Judgement::from_scores(scored.scores, job.threshold);
+            let mut judgement = match (self.family.is_outcome(), scored.scores.as_slice()) {
+                (true, [score]) => Judgement::from_outcome(*score, job.threshold),
+                (true, other) => {
+                    return Err(EngineError::Internal(format!(
+                        "an outcome model read {} positions, not one",
+                        other.len()
+                    )));
+                }
+                (false, _) => Judgement::from_scores(scored.scores, job.threshold),
+            };
             judgement.queued = scored.queued;
             judgement.inference = scored.inference;
             judgement.tokens = Some((scored.tokens.computed, scored.tokens.reused));

@@ -68,6 +68,11 @@ impl RemotePrm {
                         .into(),
                 ));
             }
+            Family::OutcomeRm => {
+                return Err(fail(
+                    "outcome-rm runs in-process only; use backend = \"candle\"".into(),
+                ));
+            }
             Family::MathShepherd | Family::Rlhflow | Family::ChatLm => {
                 match formatter.head_spec() {
                     HeadSpec::LmPair { plus, minus } => Route::Logprobs {

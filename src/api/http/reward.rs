@@ -249,28 +249,39 @@ async fn score(
         step_count: 0,
         category: crate::api::pb::ErrorCategory::Unspecified as i32,
     };
-    Ok(traces
+    traces
         .iter()
         .map(|t| match t {
-            None => empty.clone(),
+            None => Ok(empty.clone()),
             Some(t) => scored(
                 reward.rule,
                 t,
                 verdicts.next().expect("one verdict a trace"),
             ),
         })
-        .collect())
+        .collect()
 }
 
-fn scored(rule: RewardRule, trace: &Trace, v: Verdict) -> SampleReward {
-    let first = v.judgement.first_error.map_or(-1, |i| i as i32);
-    SampleReward {
-        reward: rule.apply(v.trace_score, first, trace.steps.len()),
+/// One sample's reward; a rule the verdict can't serve (a `?rule=` or `?evaluator=` override the
+/// config check could not see) is the caller's error, naming `?rule`.
+fn scored(rule: RewardRule, trace: &Trace, v: Verdict) -> Result<SampleReward, EngineError> {
+    let reward = rule.apply(&v, trace.steps.len()).map_err(|why| {
+        EngineError::invalid(
+            FieldPath::key("?rule"),
+            format!(
+                "rule {:?} {why}; evaluator {:?} does not give it",
+                rule.as_str(),
+                v.evaluator
+            ),
+        )
+    })?;
+    Ok(SampleReward {
+        reward,
         trace_score: v.trace_score,
-        first_error_index: first,
+        first_error_index: v.judgement.error_index(),
         step_count: trace.steps.len(),
         category: convert::category(v.judgement.category) as i32,
-    }
+    })
 }
 
 /// OpenRLHF reads `rewards`, then `scores` (the same numbers here), then `extra_logs`, whose
