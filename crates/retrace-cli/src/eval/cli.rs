@@ -275,6 +275,15 @@ fn headline(a: &Analysis) -> String {
         p(av.correct_acc),
         p(av.f1)
     ));
+    if let Some(b) = &a.best_of_n {
+        out.push_str(&format!(
+            "\nBest-of-N: {} questions ({} with right and wrong candidates), right picks in %\n",
+            b.questions, b.mixed
+        ));
+        for r in b.rows() {
+            out.push_str(&format!("{:<48} {:>6} {:>8}\n", r[0], r[1], r[2]));
+        }
+    }
     out
 }
 
