@@ -247,3 +247,104 @@ async fn get_reward_combines_the_prm_and_the_outcome_model() {
         "{text}"
     );
 }
+
+/// A Best-of-N data file: two questions, two candidates each, one right and one wrong.
+fn best_of_n_data(dir: &std::path::Path) -> PathBuf {
+    let prm = fixture("qwen2-math-prm");
+    let rows: Vec<Value> = prm.cases[..4]
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({"id": format!("c{i}"), "problem": format!("question {}", i / 2),
+                   "steps": c.steps, "label": -1, "final_answer_correct": i % 2 == 0})
+        })
+        .collect();
+    let path = dir.join("gsm8k.json");
+    std::fs::write(&path, serde_json::to_string(&rows).unwrap()).unwrap();
+    path
+}
+
+fn connect(config: PathBuf) -> retrace_cli::eval::ConnectOptions {
+    retrace_cli::eval::ConnectOptions {
+        server: None,
+        config: Some(config),
+        set: vec![],
+        concurrency: 4,
+        limit: None,
+        skip_bad: false,
+        token_env: None,
+        ca_cert: None,
+        wait_s: 0.0,
+        no_progress: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_tables_best_of_n_by_both_scores_and_calibrate_refuses_an_outcome_model() {
+    let dir = std::env::temp_dir().join(format!("retrace-bon-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("retrace.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[evaluator]]\nname = \"both\"\nkind = \"composite\"\nsteps = \"steps\"\noutcome = \"rm\"\n\n\
+             [[evaluator]]\nname = \"steps\"\nkind = \"prm\"\nfamily = \"qwen2-math-prm\"\nmodel = {:?}\n\n\
+             [[evaluator]]\nname = \"rm\"\nkind = \"prm\"\nfamily = \"outcome-rm\"\nmodel = {:?}\n",
+            tiny("qwen2-math-prm").display().to_string(),
+            tiny("outcome-rm-llama").display().to_string(),
+        ),
+    )
+    .unwrap();
+    let data = best_of_n_data(&dir);
+    let opts = retrace_cli::eval::EvalOptions {
+        data: vec![data.clone()],
+        evaluator: Some("both".into()),
+        threshold: None,
+        out: dir.join("out"),
+        connect: connect(cfg.clone()),
+    };
+    let outcome = retrace_cli::eval::eval(opts).await.unwrap();
+    let mut rows = Vec::new();
+    retrace_cli::eval::read_rows(&outcome.predictions, |r| rows.push(r)).unwrap();
+    assert_eq!(rows.len(), 4);
+    rows.sort_by(|a, b| a.id.cmp(&b.id));
+    // The share of questions whose highest-scored candidate (by `key`) is the right one.
+    let share = |key: &dyn Fn(&retrace_cli::eval::Row) -> f32| {
+        let right = rows
+            .chunks(2)
+            .filter(|pair| {
+                let best = if key(&pair[0]) >= key(&pair[1]) {
+                    &pair[0]
+                } else {
+                    &pair[1]
+                };
+                best.final_answer_correct == Some(true)
+            })
+            .count();
+        100.0 * right as f64 / 2.0
+    };
+    let table = outcome.analysis.best_of_n.expect("a Best-of-N table");
+    assert_eq!((table.questions, table.mixed, table.candidates), (2, 2, 4));
+    let by = |prefix: &str| {
+        table
+            .selectors
+            .iter()
+            .find(|s| s.selector.starts_with(prefix))
+            .unwrap()
+            .all
+    };
+    assert_eq!(by("trace"), share(&|r| r.trace_score.unwrap()));
+    assert_eq!(by("outcome"), share(&|r| r.outcome_score.unwrap()));
+    assert_eq!((by("random"), by("oracle")), (50.0, 100.0));
+    let calibrate = retrace_cli::eval::CalibrateOptions {
+        calibrate_on: vec![data],
+        test_on: vec![],
+        evaluator: vec!["rm".into()],
+        per_split: false,
+        out: dir.join("cal"),
+        connect: connect(cfg),
+    };
+    let err = retrace_cli::eval::calibrate(calibrate).await.unwrap_err();
+    assert!(err.to_string().contains("gives no step scores"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
