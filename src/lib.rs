@@ -16,6 +16,8 @@
 //!   keys: it composes the kinds' own structs and dispatches on `kind`, and checks the rules that
 //!   span tables (a cascade naming others).
 //! - `cascade.rs`: a PRM, then its judge when unsure; its `CascadeConfig`.
+//! - `composite.rs`: a step evaluator and an outcome reward model on one trace at once; its
+//!   `CompositeConfig`.
 //! - `prm/`: PRMs as evaluators: `config.rs` (its keys; a vLLM server's in `[evaluator.vllm]`),
 //!   formats per family (`format.rs`, `template.rs`), the batcher thread driving a `Scorer`
 //!   (`batcher.rs`), the candle model as one scorer (`candle.rs`); `remote.rs`, the same formats
@@ -43,6 +45,7 @@
 
 pub mod api;
 mod cascade;
+mod composite;
 pub mod config;
 pub mod engine;
 pub mod env;
@@ -149,6 +152,7 @@ pub fn default_loader() -> EvaluatorLoader {
         KindConfig::Prm(p) => prm::load(&cfg.name, cfg.max_concurrency, p),
         KindConfig::Judge(j) => judge::load(&cfg.name, cfg.max_concurrency, j).map(engine::shared),
         KindConfig::Cascade(c) => cascade::load(&cfg.name, c, loaded).map(engine::shared),
+        KindConfig::Composite(c) => composite::load(&cfg.name, c, loaded).map(engine::shared),
     })
 }
 

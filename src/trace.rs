@@ -119,7 +119,23 @@ pub struct Judgement {
     pub path: DecisionPath,
     /// A PRM's tokens computed for this trace and reused (cached, or shared in its batch).
     pub tokens: Option<(usize, usize)>,
+    /// An outcome reward model's verdict on the whole trace, when one was asked (an `outcome-rm`
+    /// PRM, or a composite's outcome side).
+    pub outcome: Option<Outcome>,
 }
+
+/// An outcome reward model's verdict on a whole trace.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    /// The model's raw reward (its one logit; unbounded, higher is better).
+    pub score: f32,
+    /// sigmoid(score) reached the threshold.
+    pub holds: bool,
+}
+
+/// The first-error index of a trace judged wrong as a whole with no step located: an outcome
+/// reward model alone scores the trace, not its steps, and names no index.
+pub const UNLOCATED: i32 = -2;
 
 /// The engine's answer: a judgement plus what the engine adds to it.
 #[derive(Debug, Clone, PartialEq)]
@@ -180,7 +196,48 @@ impl Judgement {
             inference: Duration::ZERO,
             path: DecisionPath::Prm,
             tokens: None,
+            outcome: None,
         }
+    }
+
+    /// An outcome reward model's judgement: no step scores, the trace holds when
+    /// sigmoid(`score`) reaches `threshold` (a raw reward of 0 is the midpoint, 0.5).
+    pub fn from_outcome(score: f32, threshold: f32) -> Self {
+        let outcome = Outcome::new(score, threshold);
+        let mut j = Judgement::from_scores(Vec::new(), threshold);
+        j.category = if outcome.holds {
+            ErrorCategory::None
+        } else {
+            ErrorCategory::Unspecified
+        };
+        j.outcome = Some(outcome);
+        j
+    }
+
+    /// The first-error index as the API states it: the step's index, -1 when the trace holds, or
+    /// `UNLOCATED` when an outcome model alone found it wrong.
+    pub fn error_index(&self) -> i32 {
+        match (self.first_error, self.outcome) {
+            (Some(k), _) => i32::try_from(k).unwrap_or(i32::MAX),
+            (None, Some(o)) if self.step_scores.is_empty() && !o.holds => UNLOCATED,
+            (None, _) => -1,
+        }
+    }
+}
+
+impl Outcome {
+    /// `score` judged against `threshold`, a probability: sigmoid(score) >= threshold.
+    pub fn new(score: f32, threshold: f32) -> Self {
+        let p = 1.0 / (1.0 + (-f64::from(score)).exp());
+        Outcome {
+            score,
+            holds: p >= f64::from(threshold),
+        }
+    }
+
+    /// The score as a probability-like number in [0, 1], to set beside step scores.
+    pub fn sigmoid(self) -> f32 {
+        (1.0 / (1.0 + (-f64::from(self.score)).exp())) as f32
     }
 }
 
@@ -221,6 +278,30 @@ mod tests {
         let j = Judgement::from_scores(vec![0.9, 0.5], 0.5);
         assert_eq!(j.first_error, None);
         assert_eq!(j.category, ErrorCategory::None);
+    }
+
+    #[test]
+    fn an_outcome_alone_holds_or_is_unlocated() {
+        let pass = Judgement::from_outcome(0.0, 0.5);
+        assert_eq!(
+            (pass.error_index(), pass.category),
+            (-1, ErrorCategory::None)
+        );
+        let fail = Judgement::from_outcome(-0.01, 0.5);
+        assert_eq!(
+            (fail.error_index(), fail.category),
+            (UNLOCATED, ErrorCategory::Unspecified)
+        );
+        assert!(fail.step_scores.is_empty());
+        // Beside step scores (a composite), the index is the steps'.
+        let mut both = Judgement::from_scores(vec![0.9, 0.2], 0.5);
+        both.outcome = Some(Outcome::new(3.0, 0.5));
+        assert_eq!(both.error_index(), 1);
+        both.outcome = Some(Outcome::new(-3.0, 0.5));
+        both.first_error = None;
+        assert_eq!(both.error_index(), -1);
+        assert!((Outcome::new(0.0, 0.5).sigmoid() - 0.5).abs() < 1e-7);
+        assert!(Outcome::new(40.0, 1.0).holds && !Outcome::new(-40.0, 1e-9).holds);
     }
 
     #[test]

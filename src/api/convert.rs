@@ -287,7 +287,7 @@ pub(crate) fn response(id: String, trace: &Trace, v: Verdict) -> pb::EvaluateRes
     pb::EvaluateResponse {
         id,
         evaluator: v.evaluator.clone(),
-        first_error_index: j.first_error.map_or(-1, |i| i as i32),
+        first_error_index: j.error_index(),
         category: category(j.category) as i32,
         steps,
         trace_score: v.trace_score,
@@ -302,6 +302,7 @@ pub(crate) fn response(id: String, trace: &Trace, v: Verdict) -> pb::EvaluateRes
         error: None,
         threshold: v.threshold,
         path: decision_path(j.path) as i32,
+        outcome_score: j.outcome.map(|o| o.score),
     }
 }
 

@@ -1,8 +1,11 @@
 //! One `[[evaluator]]` table: the keys every kind shares, then the kind's own struct, which
-//! lives with the kind (`prm::PrmConfig`, `judge::JudgeConfig`, `cascade::CascadeConfig`). The
+//! lives with the kind (`prm::PrmConfig`, `judge::JudgeConfig`, `cascade::CascadeConfig`,
+//! `composite::CompositeConfig`). The
 //! deserialiser refuses an unknown key or a key of another kind; each kind checks the rest.
 
+use super::reward::Gives;
 use crate::cascade::CascadeConfig;
+use crate::composite::CompositeConfig;
 use crate::engine::Description;
 use crate::judge::JudgeConfig;
 use crate::prm::PrmConfig;
@@ -40,6 +43,7 @@ pub enum KindConfig {
     Prm(PrmConfig),
     Judge(JudgeConfig),
     Cascade(CascadeConfig),
+    Composite(CompositeConfig),
 }
 
 /// The defaults of the keys every kind shares.
@@ -77,6 +81,24 @@ impl KindConfig {
             KindConfig::Prm(_) => "prm",
             KindConfig::Judge(_) => "judge",
             KindConfig::Cascade(_) => "cascade",
+            KindConfig::Composite(_) => "composite",
+        }
+    }
+
+    /// What its verdicts carry: step scores, an outcome score, or both.
+    pub fn gives(&self) -> Gives {
+        let outcome_only = matches!(self, KindConfig::Prm(p) if p.family.is_outcome());
+        Gives {
+            steps: !outcome_only,
+            outcome: outcome_only || matches!(self, KindConfig::Composite(_)),
+        }
+    }
+
+    /// Its kind for messages, with a PRM's family: `prm (outcome-rm)`, `judge`.
+    pub fn describe_kind(&self) -> String {
+        match self {
+            KindConfig::Prm(p) => format!("prm ({})", p.family.as_str()),
+            other => other.name().to_string(),
         }
     }
 
@@ -86,7 +108,7 @@ impl KindConfig {
         let (family, model) = match self {
             KindConfig::Prm(p) => (p.family.as_str(), p.model.as_str()),
             KindConfig::Judge(j) => ("", j.model.as_str()),
-            KindConfig::Cascade(_) => ("", ""),
+            KindConfig::Cascade(_) | KindConfig::Composite(_) => ("", ""),
         };
         Description {
             kind: self.name().to_string(),

@@ -13,13 +13,15 @@ mod reward;
 mod rules;
 
 pub use crate::cascade::CascadeConfig;
+pub use crate::composite::CompositeConfig;
 pub use crate::judge::JudgeConfig;
 pub use crate::prm::{Backend, DeviceSpec, Dtype, PrmConfig, VllmConfig};
 pub use crate::upstream::UpstreamConfig;
 pub use evaluator::{EvaluatorConfig, KindConfig, defaults};
 pub use flags::ServerFlags;
 pub use reward::{
-    LabelsAs, OnTimeout, QuestionFrom, RewardConfig, RewardRule, SLIME_EXTRAS, check_reward_key,
+    Gives, LabelsAs, OnTimeout, QuestionFrom, RewardConfig, RewardRule, SLIME_EXTRAS,
+    check_reward_key,
 };
 
 use crate::engine::{Admission, SlotSpec};
@@ -229,7 +231,8 @@ impl Config {
     }
 
     /// Fills in what applies where a table leaves a key out: a PRM's in-process keys, and the
-    /// threshold, except where a trained head's own applies (its PRM, and a cascade over it).
+    /// threshold, except where a trained head's own applies (its PRM, and a cascade or composite
+    /// over it).
     fn resolve(&mut self) {
         let heads: Vec<String> = self
             .evaluators
@@ -244,6 +247,7 @@ impl Config {
                     p.family == Family::Head
                 }
                 KindConfig::Cascade(c) => heads.contains(&c.prm),
+                KindConfig::Composite(c) => heads.contains(&c.steps),
                 KindConfig::Judge(_) => false,
             };
             if !own {
@@ -294,10 +298,31 @@ impl Config {
         {
             return Err(self.fail(format!("reward.evaluator {r:?} names no [[evaluator]]")));
         }
+        self.validate_reward_rule()?;
         self.reward
             .check()
             .map_err(|m| self.fail(format!("reward.{m}")))?;
         Ok(())
+    }
+
+    /// That the evaluator `/get_reward` uses gives what `reward.rule` reads.
+    fn validate_reward_rule(&self) -> Result<(), ConfigError> {
+        let name = self
+            .reward
+            .evaluator
+            .as_deref()
+            .unwrap_or_else(|| self.default_evaluator());
+        let Some(e) = self.evaluators.iter().find(|e| e.name == name) else {
+            return Ok(());
+        };
+        match self.reward.rule.unmet(e.kind.gives()) {
+            Some(why) => Err(self.fail(format!(
+                "reward.rule = {:?} {why}; evaluator {name:?} (the reward's) is a {}",
+                self.reward.rule.as_str(),
+                e.kind.describe_kind()
+            ))),
+            None => Ok(()),
+        }
     }
 
     fn validate_server(&self) -> Result<(), ConfigError> {
@@ -353,7 +378,11 @@ impl Config {
                 max_steps: e.max_steps.unwrap_or(self.server.max_steps),
                 max_trace_bytes: e.max_trace_bytes.unwrap_or(self.server.max_trace_bytes),
                 max_concurrency: e.max_concurrency,
-                wraps_others: matches!(e.kind, KindConfig::Cascade(_)),
+                tier: match e.kind {
+                    KindConfig::Prm(_) | KindConfig::Judge(_) => 0,
+                    KindConfig::Cascade(_) => 1,
+                    KindConfig::Composite(_) => 2,
+                },
                 loading: e.kind.loading(),
             })
             .collect()
@@ -439,3 +468,6 @@ fn at_fault(table: &toml::Table, message: &str, line: Option<usize>) -> Option<S
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod outcome_tests;

@@ -1,5 +1,6 @@
 //! The rules that span a table or the whole config: the keys every kind shares, and a cascade
-//! naming the others. Each kind checks its own keys; each message names the key at fault.
+//! or a composite naming the others. Each kind checks its own keys; each message names the key
+//! at fault.
 
 use super::MAX_CAPACITY;
 use super::evaluator::{EvaluatorConfig, KindConfig};
@@ -21,9 +22,50 @@ pub(super) fn check(e: &EvaluatorConfig, all: &[EvaluatorConfig]) -> Result<(), 
         KindConfig::Judge(j) => j.check(),
         KindConfig::Cascade(c) => {
             names(all, "prm", &c.prm, "prm")?;
+            gives_steps(all, "prm", &c.prm)?;
             names(all, "judge", &c.judge, "judge")?;
             c.check()
         }
+        KindConfig::Composite(c) => {
+            let steps = find(all, "steps", &c.steps)?;
+            if matches!(steps.kind, KindConfig::Composite(_)) {
+                return refuse(format!(
+                    "steps {:?} is a composite; name a prm, judge or cascade",
+                    c.steps
+                ));
+            }
+            gives_steps(all, "steps", &c.steps)?;
+            names(all, "outcome", &c.outcome, "prm")?;
+            match &find(all, "outcome", &c.outcome)?.kind {
+                KindConfig::Prm(p) if p.family.is_outcome() => Ok(()),
+                other => refuse(format!(
+                    "outcome {:?} is a {}, not an outcome-rm PRM",
+                    c.outcome,
+                    other.describe_kind()
+                )),
+            }
+        }
+    }
+}
+
+fn find<'a>(
+    all: &'a [EvaluatorConfig],
+    key: &str,
+    name: &str,
+) -> Result<&'a EvaluatorConfig, Refused> {
+    all.iter()
+        .find(|o| o.name == name)
+        .ok_or_else(|| Refused(format!("{key} {name:?} names no [[evaluator]]")))
+}
+
+/// That `key = name` gives step scores (an outcome-rm PRM alone gives none).
+fn gives_steps(all: &[EvaluatorConfig], key: &str, name: &str) -> Result<(), Refused> {
+    match find(all, key, name)?.kind.gives().steps {
+        true => Ok(()),
+        false => refuse(format!(
+            "{key} {name:?} is an outcome-rm PRM, which scores no steps; pair it with a step \
+             evaluator in a composite instead"
+        )),
     }
 }
 

@@ -20,7 +20,7 @@ pub const DEFAULT_THRESHOLD: f32 = 0.5;
 /// What an evaluator says about itself, for ListEvaluators.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Description {
-    /// prm, judge or cascade.
+    /// prm, judge, cascade or composite.
     pub kind: String,
     /// The PRM family, or the judge's upstream model.
     pub family: String,

@@ -28,8 +28,9 @@ pub struct SlotSpec {
     pub max_trace_bytes: usize,
     /// Requests handed to the evaluator at once; the rest wait in its queue.
     pub max_concurrency: usize,
-    /// It wraps other evaluators (a cascade), so it loads after them.
-    pub wraps_others: bool,
+    /// Evaluators load in tiers, lowest first, so one loads after those it wraps: 0 wraps none,
+    /// 1 a cascade, 2 a composite (which may wrap a cascade).
+    pub tier: u8,
     /// What ListEvaluators says while it loads.
     pub loading: Description,
 }
@@ -182,11 +183,11 @@ impl Engine {
         })
     }
 
-    /// Loads every evaluator on blocking threads, in config order except that cascades come
-    /// last (they wrap others); fails on the first error.
+    /// Loads every evaluator on blocking threads, in config order within each tier (cascades and
+    /// composites after what they wrap); fails on the first error.
     pub async fn load(&self, loader: LoadByName) -> Result<(), EngineError> {
         let mut order: Vec<&String> = self.order.iter().collect();
-        order.sort_by_key(|name| self.slots[*name].spec.wraps_others);
+        order.sort_by_key(|name| self.slots[*name].spec.tier);
         let mut loaded = Loaded::new();
         for name in order {
             let slot = &self.slots[name];
@@ -428,7 +429,9 @@ impl Slot {
                 })??,
             None => evaluator.evaluate(job).await?,
         };
-        if judgement.step_scores.len() != steps {
+        // An outcome model alone scores the trace, not its steps: none is a whole answer.
+        let outcome_only = judgement.step_scores.is_empty() && judgement.outcome.is_some();
+        if judgement.step_scores.len() != steps && !outcome_only {
             return Err(EngineError::Internal(format!(
                 "evaluator {:?} returned {} scores for {steps} steps",
                 self.name,
@@ -450,12 +453,21 @@ impl Slot {
         metrics::record_stage(&self.name, metrics::Stage::Queue, queue + judgement.queued);
         Ok(Verdict {
             evaluator: self.name.clone(),
-            trace_score: self.spec.aggregate.apply(&judgement.step_scores),
+            trace_score: trace_score(self.spec.aggregate, &judgement),
             threshold,
             queue: queue + judgement.queued,
             total: request.arrived.elapsed(),
             judgement,
         })
+    }
+}
+
+/// A verdict's trace score: the aggregate of its step scores, or an outcome model's raw score
+/// when it has no step scores.
+fn trace_score(aggregate: Aggregate, j: &Judgement) -> f32 {
+    match j.outcome {
+        Some(o) if j.step_scores.is_empty() => o.score,
+        _ => aggregate.apply(&j.step_scores),
     }
 }
 

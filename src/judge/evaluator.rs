@@ -442,5 +442,6 @@ pub(super) fn judgement(
         inference: std::time::Duration::ZERO,
         path: DecisionPath::Judge,
         tokens: None,
+        outcome: None,
     }
 }

@@ -212,7 +212,7 @@ impl PrmConfig {
             return refuse("model must name a checkpoint folder or .gguf file");
         }
         match (self.backend, &self.vllm) {
-            (Backend::Candle, None) => self.candle.check(&self.model),
+            (Backend::Candle, None) => self.candle.check(&self.model, self.family),
             (Backend::Candle, Some(_)) => refuse(
                 "vllm: an [evaluator.vllm] table applies only to backend = \"vllm\"; this PRM \
                  runs in-process",
@@ -238,6 +238,11 @@ impl PrmConfig {
             return refuse(
                 "backend: a trained head (family = \"head\") runs in-process; serve it with \
                  backend = \"candle\"",
+            );
+        }
+        if self.family == Family::OutcomeRm {
+            return refuse(
+                "backend: outcome-rm runs in-process; serve it with backend = \"candle\"",
             );
         }
         if self.family == Family::Skywork {
@@ -273,8 +278,14 @@ impl CandleConfig {
         .collect()
     }
 
-    fn check(&self, model: &str) -> Result<(), Refused> {
+    fn check(&self, model: &str, family: Family) -> Result<(), Refused> {
         let gguf = retrace_model::is_gguf(std::path::Path::new(model));
+        if gguf && family.is_outcome() {
+            return refuse(
+                "model: a .gguf file carries no sequence-classification `score` head (llama.cpp \
+                 converts the decoder only); family outcome-rm needs the Hugging Face folder",
+            );
+        }
         if gguf && self.dtype.is_some_and(|d| d != Dtype::F32) {
             return refuse(
                 "dtype: a .gguf model runs its quantized weights with f32 activations, as \

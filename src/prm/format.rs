@@ -1,6 +1,7 @@
 //! Each PRM family's input format (docs/prm-formats.md): a trace becomes token ids plus the
 //! positions where each step's score is read. Byte-exact strings, the model's own tokenizer.
 
+pub use super::family::Family;
 use super::template::{ChatTemplate, Message, TemplateError, special_token};
 use crate::trace::Trace;
 use retrace_model::HeadSpec;
@@ -14,20 +15,10 @@ const SHEPHERD_STEP_TAG: &str = "ки";
 /// chat-lm's instruction to a general chat model.
 pub const CHAT_LM_INSTRUCTION: &str = "You check a solution to a problem one step at a time. After each step, reply with a single character: + if the step is correct, - if it contains an error.";
 const CHAT_LM_REFERENCE: &str = "\n\nReference answer (use it only to check the steps): ";
+/// outcome-rm's assistant turn: the steps as paragraphs, the inverse of segmenting raw text.
+pub const OUTCOME_STEP_JOIN: &str = "\n\n";
 /// Stands in for each assistant "+" while rendering, so its place in the text is known exactly.
 const SENTINEL: &str = "\u{E000}";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    QwenMathPrm,
-    Skywork,
-    MathShepherd,
-    Rlhflow,
-    ChatLm,
-    /// A head trained on a frozen base (a head folder): not a format of its own; the folder's
-    /// config names the format it reads.
-    Head,
-}
 
 /// A trace ready for the model: ids, and one read position per step.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,59 +46,8 @@ pub struct Formatter {
     tag_id: u32,
     plus_id: u32,
     minus_id: u32,
-}
-
-impl Family {
-    /// Every family, in the order the docs list them.
-    pub const ALL: [Family; 6] = [
-        Family::QwenMathPrm,
-        Family::Skywork,
-        Family::MathShepherd,
-        Family::Rlhflow,
-        Family::ChatLm,
-        Family::Head,
-    ];
-
-    /// The family's name in configs and flags.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Family::QwenMathPrm => "qwen2-math-prm",
-            Family::Skywork => "skywork-prm",
-            Family::MathShepherd => "math-shepherd",
-            Family::Rlhflow => "rlhflow",
-            Family::ChatLm => "chat-lm",
-            Family::Head => "head",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Family> {
-        Family::ALL.into_iter().find(|f| f.as_str() == name)
-    }
-
-    /// Whether it is an input format (every family but `head`).
-    pub fn is_format(self) -> bool {
-        self != Family::Head
-    }
-
-    /// The names, comma-separated, for messages.
-    pub fn names() -> String {
-        Family::ALL.map(Family::as_str).join(", ")
-    }
-}
-
-impl serde::Serialize for Family {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Family {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = <String as serde::Deserialize>::deserialize(d)?;
-        Family::parse(&name).ok_or_else(|| {
-            serde::de::Error::custom(format!("family {name:?} is not one of {}", Family::names()))
-        })
-    }
+    /// outcome-rm: the id the last-token read skips (config.json's `pad_token_id`).
+    pad_id: Option<u32>,
 }
 
 /// Why a formatter could not be built from a checkpoint's tokenizer files; each names the file.
@@ -178,12 +118,30 @@ impl Formatter {
         let tokenizer_path = folder.join("tokenizer.json");
         let tokenizer =
             Tokenizer::from_file(&tokenizer_path).map_err(|e| file_error(&tokenizer_path, e))?;
-        let config_path = folder.join("tokenizer_config.json");
-        let config = read_json(&config_path)?;
-        Self::from_parts(family, tokenizer, &tokenizer_path, config, &config_path)
+        let mut config_path = folder.join("tokenizer_config.json");
+        let mut config = read_json(&config_path)?;
+        // transformers prefers a chat_template.jinja beside the config to the config's entry.
+        let jinja = folder.join("chat_template.jinja");
+        if jinja.is_file() {
+            let source = std::fs::read_to_string(&jinja).map_err(|e| file_error(&jinja, e))?;
+            config["chat_template"] = serde_json::Value::String(source);
+            config_path = jinja;
+        }
+        let mut f = Self::from_parts(family, tokenizer, &tokenizer_path, config, &config_path)?;
+        if family.is_outcome() {
+            f.pad_id = retrace_model::ClassifierConfig::read(folder)?.pad_token_id;
+        }
+        Ok(f)
     }
 
     fn load_gguf(family: Family, path: &Path) -> Result<Formatter, LoadError> {
+        if family.is_outcome() {
+            return Err(file_error(
+                path,
+                "a GGUF file carries no sequence-classification `score` head; family \
+                 outcome-rm needs the Hugging Face folder",
+            ));
+        }
         let dir = path.parent().unwrap_or(Path::new("."));
         let (tokenizer_path, config_path) = (
             dir.join("tokenizer.json"),
@@ -226,7 +184,7 @@ impl Formatter {
             })?;
         let needs_template = matches!(
             family,
-            Family::QwenMathPrm | Family::Rlhflow | Family::ChatLm
+            Family::QwenMathPrm | Family::Rlhflow | Family::ChatLm | Family::OutcomeRm
         );
         let needs = |what: &str| LoadError::Needs {
             path: config_path.to_path_buf(),
@@ -248,6 +206,7 @@ impl Formatter {
             tag_id: 0,
             plus_id: 0,
             minus_id: 0,
+            pad_id: None,
         };
         f.plus_id = f.last_id("+", false)?;
         f.minus_id = f.last_id("-", false)?;
@@ -258,7 +217,7 @@ impl Formatter {
                 .ok_or_else(|| file_error(tokenizer_path, format!("no {QWEN_STEP_TAG} token")))?,
             Family::Skywork => f.last_id("\n", false)?,
             Family::MathShepherd => f.last_id(SHEPHERD_STEP_TAG, true)?,
-            Family::Rlhflow | Family::ChatLm | Family::Head => 0,
+            Family::Rlhflow | Family::ChatLm | Family::OutcomeRm | Family::Head => 0,
         };
         Ok(f)
     }
@@ -268,6 +227,7 @@ impl Formatter {
         match self.family {
             Family::QwenMathPrm => HeadSpec::QwenScore,
             Family::Skywork => HeadSpec::ValueHead,
+            Family::OutcomeRm => HeadSpec::Outcome,
             _ => HeadSpec::LmPair {
                 plus: self.plus_id,
                 minus: self.minus_id,
@@ -297,6 +257,7 @@ impl Formatter {
             Family::QwenMathPrm => self.qwen(&q, &steps),
             Family::Skywork => self.skywork(&q, &steps),
             Family::MathShepherd => self.shepherd(&q, &steps),
+            Family::OutcomeRm => self.outcome(&q, &steps),
             Family::Rlhflow => {
                 let first = |s: &str| format!("{q} {s}");
                 self.conversation(Vec::new(), &steps, first, str::to_string)
@@ -381,6 +342,42 @@ impl Formatter {
             .encode_ids(&text, true)
             .map_err(|e| FormatError::Trace(e.to_string()))?;
         self.tagged(ids, steps.len())
+    }
+
+    /// The question as the user turn, the steps joined as the assistant turn, read once: at the
+    /// last token that is not the pad id, as transformers' sequence classifiers read it.
+    fn outcome(&self, q: &str, steps: &[&str]) -> Result<Encoded, FormatError> {
+        let messages = [
+            Message {
+                role: "user",
+                content: q.into(),
+            },
+            Message {
+                role: "assistant",
+                content: steps.join(OUTCOME_STEP_JOIN),
+            },
+        ];
+        let text = self
+            .template()
+            .render(&messages, false)
+            .map_err(|e| FormatError::Trace(e.to_string()))?;
+        let ids = self
+            .encode_ids(&text, false)
+            .map_err(|e| FormatError::Trace(e.to_string()))?;
+        if ids.is_empty() {
+            return Err(FormatError::Trace(
+                "the chat template rendered nothing".into(),
+            ));
+        }
+        // transformers takes the argmax of index * (id != pad): 0 when every id is the pad.
+        let read = ids
+            .iter()
+            .rposition(|&id| Some(id) != self.pad_id)
+            .unwrap_or(0);
+        Ok(Encoded {
+            ids,
+            positions: vec![read],
+        })
     }
 
     /// Reads at every `tag_id`; there must be exactly one per step.

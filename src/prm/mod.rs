@@ -4,6 +4,7 @@
 mod batcher;
 mod candle;
 mod config;
+mod family;
 pub mod features;
 pub mod format;
 pub mod head;
@@ -339,7 +340,16 @@ impl Evaluator for PrmEvaluator {
                 .await
                 .map_err(|_| PrmError::Batch(self.batcher.stopped()))?
                 .map_err(PrmError::from)?;
-            let mut judgement = Judgement::from_scores(scored.scores, job.threshold);
+            let mut judgement = match (self.family.is_outcome(), scored.scores.as_slice()) {
+                (true, [score]) => Judgement::from_outcome(*score, job.threshold),
+                (true, other) => {
+                    return Err(EngineError::Internal(format!(
+                        "an outcome model read {} positions, not one",
+                        other.len()
+                    )));
+                }
+                (false, _) => Judgement::from_scores(scored.scores, job.threshold),
+            };
             if let (Some(head), Some(k)) = (&self.head, judgement.first_error)
                 && let Some(probs) = scored.categories.get(k)
             {

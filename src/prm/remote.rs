@@ -73,6 +73,11 @@ impl RemotePrm {
                     "a trained head runs in-process only; use backend = \"candle\"".into(),
                 ));
             }
+            Family::OutcomeRm => {
+                return Err(fail(
+                    "outcome-rm runs in-process only; use backend = \"candle\"".into(),
+                ));
+            }
             Family::MathShepherd | Family::Rlhflow | Family::ChatLm => {
                 match formatter.head_spec() {
                     HeadSpec::LmPair { plus, minus } => Route::Logprobs {

@@ -223,6 +223,9 @@ fn row(split: &str, label: i32, scores: &[f32], gold: Option<ErrorCategory>) -> 
         evaluator: "e".into(),
         threshold: Some(0.5),
         error: None,
+        trace_score: None,
+        outcome_score: None,
+        question_key: None,
     }
 }
 

@@ -23,6 +23,7 @@ mod judge_output;
 mod judge_replies;
 mod judge_wire;
 mod memory;
+mod outcome;
 mod prm;
 mod reliability;
 mod replicas;

@@ -53,7 +53,7 @@ class Timing:
 class Verdict:
     id: str
     evaluator: str
-    # -1 when every step holds.
+    # -1 when the trace holds; -2 when an outcome reward model alone found it wrong (no step named).
     first_error_index: int
     # "none", "misinterpretation", "hallucination", "reasoning" or "unspecified".
     category: str
@@ -64,13 +64,15 @@ class Verdict:
     # "prm", "judge", "escalated", "categorized" or "unspecified".
     path: str
     timing: Timing = field(default_factory=lambda: Timing(0.0, 0.0, 0.0))
+    # An outcome reward model's raw score (a composite, or an outcome-rm PRM); None otherwise.
+    outcome_score: float | None = None
 
     @property
     def correct(self) -> bool:
         return self.first_error_index == -1
 
     def reward(self, rule: str = "trace_score") -> float:
-        """This verdict's reward under `rule` ("trace_score", "correct" or "prefix")."""
+        """This verdict's reward under `rule` (see `rewards.RULES`)."""
         from .rewards import reward
 
         return reward(self, rule)
@@ -89,6 +91,7 @@ class Verdict:
             threshold=m.threshold,
             path=_enum_word(pb.DecisionPath, m.path, "DECISION_PATH_"),
             timing=Timing(t.queue_s, t.inference_s, t.total_s),
+            outcome_score=m.outcome_score if m.HasField("outcome_score") else None,
         )
 
 

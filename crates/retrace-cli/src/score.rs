@@ -227,6 +227,7 @@ fn table(v: &pb::EvaluateResponse) -> String {
         .unwrap_or_default();
     let verdict = match v.first_error_index {
         -1 => "every step holds".to_string(),
+        i if i < -1 => "the outcome model finds the trace wrong (no step located)".to_string(),
         i if category == "unspecified" => format!("first error at step {i}"),
         i => format!("first error at step {i} ({category})"),
     };
@@ -238,6 +239,9 @@ fn table(v: &pb::EvaluateResponse) -> String {
         v.threshold,
         total * 1e3
     );
+    if let Some(o) = v.outcome_score {
+        s.insert_str(s.len() - 1, &format!("; outcome score {o:.3}"));
+    }
     for (i, step) in v.steps.iter().enumerate() {
         let filled = ((step.score.clamp(0.0, 1.0) * BAR as f32).round() as usize).min(BAR);
         let mark = if i as i32 == v.first_error_index {

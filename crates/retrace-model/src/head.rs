@@ -1,5 +1,6 @@
 //! The scoring heads that turn a PRM's hidden states into P(step correct), in f32: the ones
-//! each family's checkpoint carries, and a head trained on a frozen base (`trained`).
+//! each family's checkpoint carries, a head trained on a frozen base (`trained`), and the one
+//! head that gives a raw reward instead (a sequence classifier's `score`).
 
 use crate::config::ModelConfig;
 use crate::decoder::Output;
@@ -24,6 +25,9 @@ pub enum HeadSpec {
     /// No head: the model is loaded to read hidden states (`PrmModel::states`) only, as a
     /// trainer does; it cannot score.
     States,
+    /// A sequence-classification reward model (`*ForSequenceClassification`, one label):
+    /// `score` Linear(H,1) without bias. Its score is the raw logit, unbounded, not a probability.
+    Outcome,
 }
 
 pub(crate) enum Head {
@@ -40,6 +44,9 @@ pub(crate) enum Head {
     },
     Trained(Trained),
     States,
+    Outcome {
+        score: Linear,
+    },
 }
 
 /// What a head read at a batch's reads, in row-major read order.
@@ -80,6 +87,9 @@ impl Head {
             }),
             HeadSpec::Trained(spec) => Ok(Self::Trained(Trained::load(&spec, cfg, &dev)?)),
             HeadSpec::States => Ok(Self::States),
+            HeadSpec::Outcome => Ok(Self::Outcome {
+                score: f32_linear(candle_nn::linear_no_bias(h, 1, vb.pp("score"))?)?,
+            }),
             HeadSpec::LmPair { plus, minus } => {
                 for id in [plus, minus] {
                     if id as usize >= cfg.vocab_size {
@@ -139,8 +149,9 @@ impl Head {
         }
     }
 
-    /// `hidden` (N, H) in any dtype -> N scores in [0, 1], for the heads a checkpoint carries.
-    fn scores(&self, hidden: &Tensor) -> Result<Vec<f32>> {
+    /// `hidden` (N, H) in any dtype -> N scores, for the heads a checkpoint carries: in [0, 1],
+    /// or raw rewards for `Outcome`.
+    pub(crate) fn scores(&self, hidden: &Tensor) -> Result<Vec<f32>> {
         let x = hidden.to_dtype(DType::F32)?;
         let p = match self {
             Self::QwenScore { l0, l2 } => {
@@ -152,6 +163,7 @@ impl Head {
                 candle_nn::ops::softmax_last_dim(&pair.forward(&x)?)?.narrow(1, 0, 1)?
             }
             Self::Trained(_) | Self::States => candle_core::bail!("not a checkpoint's own head"),
+            Self::Outcome { score } => score.forward(&x)?,
         };
         p.flatten_all()?.to_vec1::<f32>()
     }

@@ -3,8 +3,9 @@
 //! Process reward models on candle, and nothing else: no runtime, metrics, server config or
 //! RPC. A checkpoint (a Hugging Face folder or a GGUF file) is loaded with the head its family
 //! reads, or a head trained on it; token ids and the positions to read go in, one score in
-//! [0, 1] per position comes out (or the hidden states of chosen layers there, a trainer's
-//! features: `PrmModel::states`). Rows of a batch are packed end to end, not padded; tokens rows share are computed once, and
+//! [0, 1] per position comes out (for a sequence-classification reward model, its raw reward at
+//! the one position read; or the hidden states of chosen layers there, a trainer's features:
+//! `PrmModel::states`). Rows of a batch are packed end to end, not padded; tokens rows share are computed once, and
 //! an optional prefix cache keeps what earlier batches computed.
 //!
 //! ```
@@ -35,7 +36,8 @@
 //! - `decoder/`: the packed decoder, run in stages (`stream`, `reads`, `layer`, `attention`,
 //!   `capture`; `packing`: keys and values per packed row); `layers.rs`: linear and embedding
 //!   layers, f32 or quantized.
-//! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair);
+//! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair, a
+//!   sequence classifier's `score`); `classifier.rs`: a sequence classifier's own config keys;
 //!   `trained.rs`: a head trained on a frozen base, over the hidden states of chosen layers.
 //! - `checksum.rs`: a checkpoint's weights checksum, which ties a trained head to its base.
 //! - `gguf.rs`, `weights.rs`: checkpoints from GGUF files and safetensors.
@@ -44,6 +46,7 @@
 
 mod batch;
 mod checksum;
+mod classifier;
 mod config;
 mod decoder;
 mod error;
@@ -58,6 +61,7 @@ mod weights;
 
 pub use batch::{Row, RowStates, Tokens};
 pub use checksum::checkpoint_sha256;
+pub use classifier::ClassifierConfig;
 pub use config::{ModelConfig, ModelConfigError};
 pub use error::ModelError;
 pub use gguf::Gguf;

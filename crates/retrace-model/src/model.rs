@@ -3,6 +3,7 @@
 //! batch's own run is `batch`'s).
 
 use crate::batch::{Batch, Row, RowStates};
+use crate::classifier::ClassifierConfig;
 use crate::config::ModelConfig;
 use crate::decoder::Decoder;
 use crate::error::ModelError;
@@ -66,6 +67,9 @@ impl PrmModel {
         if is_gguf(folder) {
             return Self::load_gguf(folder, head, device);
         }
+        if head == HeadSpec::Outcome {
+            ClassifierConfig::read(folder)?;
+        }
         let config_path = folder.join("config.json");
         let text = read(&config_path)?;
         let config = ModelConfig::from_json(&text).map_err(|e| ModelError::BadConfig {
@@ -93,6 +97,15 @@ impl PrmModel {
     pub fn load_gguf(path: &Path, head: HeadSpec, device: &Device) -> Result<Self, ModelError> {
         if !path.is_file() {
             return Err(ModelError::MissingFile(path.to_path_buf()));
+        }
+        if head == HeadSpec::Outcome {
+            return Err(ModelError::BadConfig {
+                path: path.to_path_buf(),
+                key: "score".into(),
+                reason: "a GGUF file carries no sequence-classification `score` head (llama.cpp \
+                         converts the decoder only); load the Hugging Face folder instead"
+                    .into(),
+            });
         }
         let gguf = Gguf::open(path)?;
         let config = gguf.config()?;
@@ -326,3 +339,7 @@ mod tests;
 #[cfg(test)]
 #[path = "taps_tests.rs"]
 mod taps_tests;
+
+#[cfg(test)]
+#[path = "outcome_tests.rs"]
+mod outcome_tests;

@@ -1,6 +1,7 @@
 //! Beyond the headline metric: per-category accuracy and the category confusion matrix, gold
 //! against predicted first-error index, and ReTraceQA's answer-level view by generator.
 
+use super::best_of_n::{BestOfN, Groups};
 use super::metric::{Accumulator, Summary};
 use super::predictions::Row;
 use retrace::trace::ErrorCategory;
@@ -23,6 +24,8 @@ pub struct Analysis {
     pub categories: Option<CategoryStats>,
     /// Present when some rows carry `final_answer_correct`.
     pub answers: Option<AnswerLevel>,
+    /// Present when some question has several judged candidates with `final_answer_correct`.
+    pub best_of_n: Option<BestOfN>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -125,6 +128,7 @@ pub(crate) struct Analyzer {
     has_categories: bool,
     generators: BTreeMap<String, GeneratorStats>,
     all: GeneratorStats,
+    groups: Groups,
 }
 
 impl Analyzer {
@@ -148,6 +152,7 @@ impl Analyzer {
             e.1 += usize::from(row.matched);
             e.2 += usize::from(row.category == Some(gold));
         }
+        self.groups.add(row);
         if row.final_answer_correct.is_some() {
             let name = row.generator.clone().unwrap_or_else(|| "(unknown)".into());
             let g = self.generators.entry(name.clone()).or_default();
@@ -172,6 +177,7 @@ impl Analyzer {
             index_pairs: self.index_pairs,
             categories: self.has_categories.then_some(self.categories),
             answers,
+            best_of_n: self.groups.finish(),
         }
     }
 }
@@ -215,6 +221,9 @@ mod tests {
             evaluator: "e".into(),
             threshold: None,
             error: None,
+            trace_score: None,
+            outcome_score: None,
+            question_key: None,
         }
     }
 

@@ -275,6 +275,15 @@ fn headline(a: &Analysis) -> String {
         p(av.correct_acc),
         p(av.f1)
     ));
+    if let Some(b) = &a.best_of_n {
+        out.push_str(&format!(
+            "\nBest-of-N: {} questions ({} with right and wrong candidates), right picks in %\n",
+            b.questions, b.mixed
+        ));
+        for r in b.rows() {
+            out.push_str(&format!("{:<48} {:>6} {:>8}\n", r[0], r[1], r[2]));
+        }
+    }
     out
 }
 
@@ -311,6 +320,16 @@ async fn calibrate_one(
     let dir = ensure_dir(&opts.out.join(name))?;
     let mut notes = vec![format!("evaluator: `{name}`")];
     let (cal_rows, test_rows) = score_sets(opts, backend, name, &dir, &mut notes).await?;
+    // An outcome model alone has no step scores to sweep: every re-decided index would be -1.
+    if cal_rows
+        .iter()
+        .any(|r| r.prediction.is_some() && r.step_scores.is_empty() && r.outcome_score.is_some())
+    {
+        return Err(EvalError::Usage(format!(
+            "evaluator {name:?} is an outcome-rm PRM, which gives no step scores: calibrate sweeps \
+             a step threshold; calibrate the composite it belongs to, or its step evaluator"
+        )));
+    }
     let traces: Vec<ScoredTrace> = cal_rows.iter().map(ScoredTrace::of).collect();
     if traces.iter().all(|t| t.scores.is_none()) {
         return Err(EvalError::Usage(format!(

@@ -6,6 +6,7 @@
 //!   score cache calibration re-thresholds.
 //! - `metric`: ProcessBench's run_eval.py per split, plus the average over splits.
 //! - `analysis`: categories, the first-error index confusion, the answer-level (ReTraceQA) view.
+//! - `best_of_n`: candidates of one question picked by trace score and by outcome score.
 //! - `backend`: a server over gRPC, or an engine in this process.
 //! - `run`: drives records through a backend, resumably, a bounded window in flight.
 //! - `calibrate`: the exact F1-maximising threshold sweep.
@@ -14,6 +15,7 @@
 
 mod analysis;
 mod backend;
+mod best_of_n;
 mod calibrate;
 mod cli;
 mod dataset;
@@ -25,6 +27,7 @@ mod run;
 
 pub use analysis::{Analysis, AnswerLevel, CategoryStats, GeneratorStats};
 pub(crate) use backend::EvalBackend;
+pub use best_of_n::{BestOfN, SelectorShare};
 pub use calibrate::{Curve, ScoredTrace, ThresholdChoice, first_below, rethreshold, sweep};
 pub use cli::{
     CalibrateOptions, Calibrated, ConnectOptions, EvalOptions, EvalOutcome, calibrate, eval,

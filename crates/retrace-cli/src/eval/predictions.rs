@@ -43,6 +43,15 @@ pub struct Row {
     /// Why the request failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The verdict's trace score (the evaluator's aggregate; an outcome model's raw score alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_score: Option<f32>,
+    /// An outcome reward model's raw score, when the evaluator gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome_score: Option<f32>,
+    /// A hash of the question: rows that share it are candidates for one question (Best-of-N).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question_key: Option<String>,
 }
 
 /// What the evaluator said about a record.
@@ -54,6 +63,8 @@ pub enum Outcome {
         category: ErrorCategory,
         step_scores: Vec<f32>,
         threshold: f32,
+        trace_score: f32,
+        outcome_score: Option<f32>,
     },
     Failed {
         evaluator: String,
@@ -77,6 +88,9 @@ impl Row {
             evaluator: String::new(),
             threshold: None,
             error: None,
+            trace_score: None,
+            outcome_score: None,
+            question_key: Some(question_key(&record.question)),
         };
         match outcome {
             Outcome::Judged {
@@ -85,7 +99,11 @@ impl Row {
                 category,
                 step_scores,
                 threshold,
+                trace_score,
+                outcome_score,
             } => {
+                row.trace_score = Some(trace_score);
+                row.outcome_score = outcome_score;
                 row.prediction = Some(first_error);
                 row.category = Some(category);
                 row.step_scores = step_scores;
@@ -105,6 +123,17 @@ impl Row {
     pub fn key(&self) -> (String, String) {
         (self.split.clone(), self.id.clone())
     }
+}
+
+/// FNV-1a (64 bits) of the question, in hex: stable across runs and builds, unlike std's hasher.
+fn question_key(question: &str) -> String {
+    let hash = question
+        .trim()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("{hash:016x}")
 }
 
 /// Streams the rows of a predictions file to `f`; a bad line is an error naming file and line.
@@ -262,9 +291,12 @@ mod tests {
                 category: ErrorCategory::Unspecified,
                 step_scores: vec![0.9, 0.123_456_79],
                 threshold: 0.5,
+                trace_score: 0.123_456_79,
+                outcome_score: Some(-1.5),
             },
         );
         assert!(row.matched);
+        assert_eq!(row.question_key.as_deref(), Some("af63ec4c860207bc"));
         let line = serde_json::to_string(&row).unwrap();
         assert!(line.contains("\"match\":true"), "{line}");
         assert_eq!(serde_json::from_str::<Row>(&line).unwrap(), row);
@@ -306,6 +338,8 @@ mod tests {
             category: ErrorCategory::Unspecified,
             step_scores: vec![0.9, 0.9],
             threshold: 0.5,
+            trace_score: 0.9,
+            outcome_score: None,
         }
     }
 

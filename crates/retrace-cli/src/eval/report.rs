@@ -2,6 +2,7 @@
 //! self-contained HTML page (inline CSS and SVG, nothing fetched).
 
 use super::analysis::{Analysis, AnswerLevel, CategoryStats, GeneratorStats};
+use super::best_of_n::BestOfN;
 use super::calibrate::{Curve, ThresholdChoice};
 use super::metric::Summary;
 use super::plots::{self, html_escape};
@@ -130,6 +131,9 @@ fn sections(r: &Report) -> Vec<Section> {
     if let Some(ans) = &a.answers {
         out.push(answers_section(ans));
     }
+    if let Some(b) = &a.best_of_n {
+        out.push(best_of_n_section(b));
+    }
     if let Some(c) = &r.calibration {
         out.push(calibration_section(c));
     }
@@ -226,6 +230,22 @@ fn answers_section(ans: &AnswerLevel) -> Section {
             "process error rate (evaluator)",
         ],
         rows,
+    ));
+    s
+}
+
+fn best_of_n_section(b: &BestOfN) -> Section {
+    let mut s = section("Best-of-N selection");
+    s.text.push(format!(
+        "Rows with the same question are one question's candidates: {} questions with two \
+         candidates or more ({} candidates), {} of them with both a right and a wrong final \
+         answer. Each selector picks the candidate it scores highest; the share is of questions \
+         whose pick has a right final answer (ties count the expected share of a random break).",
+        b.questions, b.candidates, b.mixed
+    ));
+    s.tables.push(table(
+        &["selector", "right picks, all (%)", "right picks, mixed (%)"],
+        b.rows(),
     ));
     s
 }

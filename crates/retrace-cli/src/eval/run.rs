@@ -398,10 +398,12 @@ async fn judge_locally(
 fn judged(v: Verdict) -> Outcome {
     Outcome::Judged {
         evaluator: v.evaluator,
-        first_error: v.judgement.first_error.map_or(-1, |i| i as i32),
+        first_error: v.judgement.error_index(),
         category: v.judgement.category,
+        outcome_score: v.judgement.outcome.map(|o| o.score),
         step_scores: v.judgement.step_scores,
         threshold: v.threshold,
+        trace_score: v.trace_score,
     }
 }
 
@@ -435,5 +437,7 @@ fn outcome_of(resp: pb::EvaluateResponse) -> Outcome {
         category,
         step_scores: resp.steps.iter().map(|s| s.score).collect(),
         threshold: resp.threshold,
+        trace_score: resp.trace_score,
+        outcome_score: resp.outcome_score,
     }
 }

@@ -295,13 +295,13 @@ async fn score(
     let scored: Vec<SampleReward> = traces
         .iter()
         .map(|t| match t {
-            None => empty(false),
+            None => Ok(empty(false)),
             Some((t, _)) => match verdicts.next().flatten() {
                 Some(v) => scored(reward.rule, t, v),
-                None => empty(true),
+                None => Ok(empty(true)),
             },
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     let late = scored.iter().filter(|s| s.timed_out).count();
     if late > 0 {
         tracing::warn!(
@@ -314,16 +314,27 @@ async fn score(
     Ok(scored)
 }
 
-fn scored(rule: RewardRule, trace: &Trace, v: Verdict) -> SampleReward {
-    let first = v.judgement.first_error.map_or(-1, |i| i as i32);
-    SampleReward {
-        reward: rule.apply(v.trace_score, first, trace.steps.len()),
+/// One sample's reward; a rule the verdict can't serve (a `?rule=` or `?evaluator=` override the
+/// config check could not see) is the caller's error, naming `?rule`.
+fn scored(rule: RewardRule, trace: &Trace, v: Verdict) -> Result<SampleReward, EngineError> {
+    let reward = rule.apply(&v, trace.steps.len()).map_err(|why| {
+        EngineError::invalid(
+            FieldPath::key("?rule"),
+            format!(
+                "rule {:?} {why}; evaluator {:?} does not give it",
+                rule.as_str(),
+                v.evaluator
+            ),
+        )
+    })?;
+    Ok(SampleReward {
+        reward,
         trace_score: v.trace_score,
-        first_error_index: first,
+        first_error_index: v.judgement.error_index(),
         step_count: trace.steps.len(),
         category: convert::category(v.judgement.category) as i32,
         timed_out: false,
-    }
+    })
 }
 
 /// `field`, or item `i` of it when the body held a list: where sample `i` sits.
