@@ -1,10 +1,12 @@
 //! The engine: the `Evaluator` trait, the engine's error enum, and the registry that admits,
 //! queues and dispatches requests to evaluators.
 
+mod origin;
 mod registry;
 
+pub use origin::Origin;
 pub use registry::{
-    Admission, Engine, EvaluatorStatus, LoadByName, Loaded, Origin, Request, SlotSpec, any_changed,
+    Admission, Engine, EvaluatorStatus, LoadByName, Loaded, Request, SlotSpec, any_changed,
 };
 
 use crate::field::FieldPath;

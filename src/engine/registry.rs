@@ -1,5 +1,6 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
+use super::origin::Origin;
 use super::{DEFAULT_THRESHOLD, Description, EngineError, Evaluator, Job};
 use crate::field::FieldPath;
 use crate::metrics;
@@ -59,51 +60,6 @@ pub struct Request {
     pub arrived: Instant,
     /// Where the trace sits in the caller's body, for naming fields in errors.
     pub origin: Origin,
-}
-
-/// Where a request's trace came from in the caller's body.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Origin {
-    /// The trace's own field: `trace`, `candidates[2]`, `query[1]`.
-    pub at: FieldPath,
-    /// The body spells the trace's parts (`steps`, `question`) as fields of their own; when it
-    /// doesn't (a reward sample is one string), errors name `at` and say the part in words.
-    pub has_parts: bool,
-}
-
-impl Origin {
-    /// A trace given as a message with its parts as fields (gRPC, `/v1/...`).
-    pub fn fields(at: FieldPath) -> Origin {
-        Origin {
-            at,
-            has_parts: true,
-        }
-    }
-
-    /// A trace given as one string (a reward sample).
-    pub fn text(at: FieldPath) -> Origin {
-        Origin {
-            at,
-            has_parts: false,
-        }
-    }
-
-    /// `e`, with a field an evaluator named relative to the trace made the caller's.
-    pub fn locate(&self, e: EngineError) -> EngineError {
-        match e {
-            EngineError::Invalid { field, message } if self.has_parts || field.is_root() => {
-                EngineError::Invalid {
-                    field: self.at.join(&field),
-                    message,
-                }
-            }
-            EngineError::Invalid { field, message } => EngineError::Invalid {
-                field: self.at.clone(),
-                message: format!("{field}: {message}"),
-            },
-            other => other,
-        }
-    }
 }
 
 /// What ListEvaluators reports for one evaluator.
