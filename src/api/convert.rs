@@ -302,6 +302,7 @@ pub(crate) fn response(id: String, trace: &Trace, v: Verdict) -> pb::EvaluateRes
         error: None,
         threshold: v.threshold,
         path: decision_path(j.path) as i32,
+        agreement: j.agreement,
     }
 }
 
