@@ -177,3 +177,80 @@ fn summary(o: &LabelOutcome, bar: Option<f32>) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_names_files_bar_and_failures() {
+        let failure = |i: usize| Failure {
+            id: format!("r{i}"),
+            dataset: "sqa".into(),
+            evaluator: "j".into(),
+            error: "UNAVAILABLE: HTTP 500".into(),
+        };
+        let tally = Tally {
+            written: [("none".to_string(), 2), ("reasoning".to_string(), 1)].into(),
+            held: 2,
+            held_without_vote: 1,
+            failed: (0..12).map(failure).collect(),
+        };
+        let outcome = LabelOutcome {
+            stats: RunStats::default(),
+            tally,
+            admitted: 0,
+            held_back: 0,
+            out: "l.jsonl".into(),
+            held: "l.below-agreement.jsonl".into(),
+            failed: "l.failed.jsonl".into(),
+        };
+        let s = summary(&outcome, Some(0.8));
+        assert!(
+            s.starts_with("labelled 3 rows into l.jsonl (2 none, 1 reasoning)"),
+            "{s}"
+        );
+        assert!(s.contains("held back 2 rows below --min-agreement 0.8 (1 without a vote) in l.below-agreement.jsonl"), "{s}");
+        assert!(
+            s.contains("failed 12 rows, listed with their errors in l.failed.jsonl:"),
+            "{s}"
+        );
+        assert!(
+            s.contains("  sqa/r9: UNAVAILABLE: HTTP 500\n  ... and 2 more\n"),
+            "{s}"
+        );
+        assert!(!s.contains("the bar moved"), "{s}");
+        let mut bad = LabelOptions {
+            data: vec!["a.jsonl".into()],
+            evaluator: None,
+            out: "a.jsonl".into(),
+            min_agreement: None,
+            connect: ConnectOptions {
+                server: Some("x".into()),
+                config: None,
+                set: vec![],
+                concurrency: 1,
+                limit: None,
+                skip_bad: false,
+                token_env: None,
+                ca_cert: None,
+                wait_s: 0.0,
+                no_progress: true,
+            },
+        };
+        assert!(
+            check(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("is also an input")
+        );
+        bad.out = "b.jsonl".into();
+        bad.min_agreement = Some(1.5);
+        assert!(
+            check(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("[0, 1], got 1.5")
+        );
+    }
+}

@@ -66,9 +66,15 @@ pub(super) fn build(record: Record, verdict: Verdict) -> Map<String, Value> {
     }
     row.insert("labelled_by".into(), Value::from(verdict.evaluator));
     if let Some(a) = verdict.agreement {
-        row.insert("agreement".into(), Value::from(a));
+        row.insert("agreement".into(), Value::from(shortest(a)));
     }
     row
+}
+
+/// `x` as the f64 whose decimal is `x`'s shortest (2/3 is written 0.6666667, not the widened
+/// 0.6666666865348816); read back as f32, it is `x` again.
+fn shortest(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
 }
 
 fn non_empty_string(v: &Value) -> bool {
@@ -116,6 +122,13 @@ mod tests {
             "labelled_by": "judge", "agreement": 0.75,
         });
         assert_eq!(Value::Object(row), want);
+        let mut v = verdict(1, ErrorCategory::Reasoning);
+        v.agreement = Some(2.0 / 3.0);
+        let row = build(record(r#"{"question": "q", "steps": ["a", "b"]}"#), v);
+        assert_eq!(
+            serde_json::to_string(&row["agreement"]).unwrap(),
+            "0.6666667"
+        );
     }
 
     #[test]
