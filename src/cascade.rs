@@ -173,6 +173,7 @@ impl Evaluator for Cascade {
                     verdict.category = judged.category;
                     verdict.path = DecisionPath::Escalated;
                     verdict.rationale = judged.rationale;
+                    verdict.agreement = judged.agreement;
                     metrics::record_cascade(&self.name, "escalated");
                 }
                 _ => {
@@ -181,6 +182,8 @@ impl Evaluator for Cascade {
                     if judged.first_error == verdict.first_error {
                         verdict.category = judged.category;
                         verdict.rationale = judged.rationale;
+                        // The judge's votes for its index are votes for the PRM's.
+                        verdict.agreement = judged.agreement;
                     } else {
                         verdict.category = ErrorCategory::Unspecified;
                         verdict.rationale = Some(format!(

@@ -112,6 +112,9 @@ pub struct Judgement {
     pub first_error: Option<usize>,
     pub category: ErrorCategory,
     pub rationale: Option<String>,
+    /// A voting judge's agreement: the share of its readable samples that put the first error
+    /// where the verdict does, in (0, 1]. `None` when nothing voted (a PRM, a one-sample judge).
+    pub agreement: Option<f32>,
     /// Time spent waiting inside the evaluator (a batch queue), beyond the engine's own queue.
     pub queued: Duration,
     /// Time the model or the upstream judge took.
@@ -192,6 +195,7 @@ impl Judgement {
             first_error,
             category,
             rationale: None,
+            agreement: None,
             queued: Duration::ZERO,
             inference: Duration::ZERO,
             path: DecisionPath::Prm,

@@ -303,6 +303,7 @@ pub(crate) fn response(id: String, trace: &Trace, v: Verdict) -> pb::EvaluateRes
         threshold: v.threshold,
         path: decision_path(j.path) as i32,
         outcome_score: j.outcome.map(|o| o.score),
+        agreement: j.agreement,
     }
 }
 

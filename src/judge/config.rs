@@ -2,7 +2,7 @@
 //! express; the upstream's own keys are `UpstreamConfig`'s, flattened in.
 
 use super::output::CONSTRAINT_KEYS;
-use super::{OutputMode, UpstreamKind};
+use super::{DomainChoice, OutputMode, UpstreamKind};
 use crate::rule::{Refused, refuse};
 use crate::upstream::UpstreamConfig;
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,10 @@ pub struct JudgeConfig {
     /// Extra JSON fields for the request body (`reasoning_effort`, `seed`...).
     #[serde(default, skip_serializing_if = "toml::Table::is_empty")]
     pub extra_body: toml::Table,
+    /// The prompt's wording: `math`, `multiple_choice` or `open` for every trace, or `auto`
+    /// (the default), chosen per trace by its shape (`domain::auto`).
+    #[serde(default)]
+    pub domain: DomainChoice,
     /// Folder whose `{domain}-{mode}.txt` files replace the built-in prompt templates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompts_dir: Option<PathBuf>,
@@ -95,6 +99,7 @@ impl JudgeConfig {
             samples: 1,
             reasoning: false,
             extra_body: toml::Table::new(),
+            domain: DomainChoice::Auto,
             prompts_dir: None,
             parallel_samples: false,
             cache_entries: defaults::CACHE_ENTRIES,

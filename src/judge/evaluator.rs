@@ -6,6 +6,7 @@
 use super::JudgeError;
 use super::call::{CachedCaller, Fetched};
 use super::client::{ChatMessage, ChatParams, Choice, request_body};
+use super::domain::DomainChoice;
 use super::output::{self, OutputMode, UpstreamKind};
 use super::parse::{self, ParseError, Parsed, Vote};
 use super::prompt::Templates;
@@ -26,6 +27,8 @@ pub struct JudgeEvaluator {
     /// Set by config, or once the server answered fewer choices than `n` asked for.
     pub(super) parallel: AtomicBool,
     pub(super) templates: Templates,
+    /// Which wording each trace gets (`auto`: by its shape).
+    pub(super) domain: DomainChoice,
     pub(super) repair: bool,
     /// The configured repair text; `None` is the built-in one for the mode.
     pub(super) repair_prompt: Option<String>,
@@ -87,9 +90,11 @@ impl JudgeEvaluator {
         let n_steps = job.trace.steps.len();
         let (mode, prompt, mut samples) = loop {
             let mode = self.mode();
-            let prompt = self
-                .templates
-                .render(&job.trace, &output::answer_format(mode, n_steps))?;
+            let prompt = self.templates.render(
+                &job.trace,
+                self.domain,
+                &output::answer_format(mode, n_steps),
+            )?;
             match self.sample(&prompt, mode, n_steps, job.deadline).await {
                 Ok(samples) => break (mode, prompt, samples),
                 // An upstream that refuses the constraint is asked again in text mode, and so is
@@ -137,7 +142,10 @@ impl JudgeEvaluator {
             })
             .map(|s| s.rationale.trim().to_string())
             .filter(|r| !r.is_empty());
-        Ok(judgement(&parsed, vote, n_steps, rationale))
+        let mut judgement = judgement(&parsed, vote, n_steps, rationale);
+        // One sample agrees with itself: only a vote has an agreement worth reporting.
+        judgement.agreement = (self.samples > 1).then_some(vote.agreement);
+        Ok(judgement)
     }
 
     /// The mode requests are sent in now: the configured one, or text after a refusal.
@@ -438,6 +446,7 @@ pub(super) fn judgement(
         first_error: vote.first_error,
         category: vote.category,
         rationale,
+        agreement: None,
         queued: std::time::Duration::ZERO,
         inference: std::time::Duration::ZERO,
         path: DecisionPath::Judge,

@@ -5,6 +5,7 @@ mod cache;
 mod call;
 pub(crate) mod client;
 mod config;
+mod domain;
 mod evaluator;
 pub mod output;
 pub mod parse;
@@ -12,6 +13,7 @@ pub(crate) mod prompt;
 
 pub use crate::upstream::{CallError, CallPolicy};
 pub use config::{JudgeConfig, defaults};
+pub use domain::DomainChoice;
 pub use evaluator::JudgeEvaluator;
 pub use output::{OutputMode, UpstreamKind};
 
@@ -36,7 +38,8 @@ pub enum JudgeError {
 
 impl JudgeError {
     /// Timeouts become DEADLINE_EXCEEDED; every other upstream failure UNAVAILABLE, with the
-    /// upstream's status and reason in the message.
+    /// upstream's status and reason in the message; a trace the prompt can't show is bad input
+    /// naming its field.
     pub fn into_engine(self, judge: &str) -> EngineError {
         let message = format!("judge {judge:?}: {self}");
         match self {
@@ -44,7 +47,10 @@ impl JudgeError {
             JudgeError::Call(_) | JudgeError::Unreadable { .. } => {
                 EngineError::Unavailable(message)
             }
-            JudgeError::Prompt(_) => EngineError::Internal(message),
+            JudgeError::Prompt(e) => match e.field() {
+                Some(field) => EngineError::invalid(crate::field::FieldPath::key(field), message),
+                None => EngineError::Internal(message),
+            },
         }
     }
 }
@@ -85,6 +91,7 @@ pub fn load(
         samples: config.samples,
         parallel: AtomicBool::new(config.parallel_samples),
         templates,
+        domain: config.domain,
         repair: config.repair,
         repair_prompt: config.repair_prompt.clone(),
         output: config.output_mode(),

@@ -1,4 +1,5 @@
-//! Judge prompt templates: the four built-in wordings under `prompts/judge/`, overrides read from
+//! Judge prompt templates: the six built-in wordings under `prompts/judge/` (math, multiple
+//! choice and open questions, each reference-free and reference-based), overrides read from
 //! files, and the pure rendering of a trace into one user message.
 //!
 //! Placeholders are `{question}`, `{options}`, `{reference_answer}` and `{tagged_steps}`, and the
@@ -6,6 +7,7 @@
 //! which the built-ins end with. A template without it keeps its own wording in every mode. Any
 //! other brace text (`\boxed{<index>}`) is left as written, so templates need no escaping.
 
+use super::domain::DomainChoice;
 use crate::trace::Trace;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -15,6 +17,8 @@ use std::path::{Path, PathBuf};
 pub enum Domain {
     Math,
     MultipleChoice,
+    /// Open and yes/no questions of world knowledge, commonsense or science (StrategyQA's kind).
+    Open,
 }
 
 /// Whether the judge sees the gold answer.
@@ -24,7 +28,7 @@ pub enum Mode {
     ReferenceBased,
 }
 
-/// One of the four templates; its file is `prompts/judge/{domain}-{mode}.txt`.
+/// One of the six templates; its file is `prompts/judge/{domain}-{mode}.txt`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TemplateKind {
     pub domain: Domain,
@@ -41,7 +45,7 @@ pub(crate) struct Template {
 /// One template per kind: the built-ins, some of them replaced by a judge's overrides.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Templates {
-    by_kind: [Template; 4],
+    by_kind: [Template; 6],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +74,26 @@ pub enum PromptError {
         kind: TemplateKind,
         what: &'static str,
     },
+    /// A fixed `domain` whose wording has no place for the trace's options: refused rather than
+    /// judged without them.
+    #[error(
+        "a {kind} prompt has no place for options, and the trace has some (the judge's domain is fixed; domain = \"auto\" words a trace with options as multiple choice)"
+    )]
+    UnshownOptions { kind: TemplateKind },
+}
+
+impl PromptError {
+    /// The trace's field a rendering error is about, when the trace (not a template) is at fault.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            PromptError::MissingInput {
+                what: "options", ..
+            }
+            | PromptError::UnshownOptions { .. } => Some("options"),
+            PromptError::MissingInput { .. } => Some("reference_answer"),
+            _ => None,
+        }
+    }
 }
 
 const PLACEHOLDERS: [&str; 5] = [
@@ -86,26 +110,27 @@ const MATH_FREE: &str = include_str!("../../prompts/judge/math-reference-free.tx
 const MATH_BASED: &str = include_str!("../../prompts/judge/math-reference-based.txt");
 const MC_FREE: &str = include_str!("../../prompts/judge/multiple-choice-reference-free.txt");
 const MC_BASED: &str = include_str!("../../prompts/judge/multiple-choice-reference-based.txt");
+const OPEN_FREE: &str = include_str!("../../prompts/judge/open-reference-free.txt");
+const OPEN_BASED: &str = include_str!("../../prompts/judge/open-reference-based.txt");
 
 impl TemplateKind {
-    pub const ALL: [TemplateKind; 4] = [
+    pub const ALL: [TemplateKind; 6] = [
         TemplateKind::new(Domain::Math, Mode::ReferenceFree),
         TemplateKind::new(Domain::Math, Mode::ReferenceBased),
         TemplateKind::new(Domain::MultipleChoice, Mode::ReferenceFree),
         TemplateKind::new(Domain::MultipleChoice, Mode::ReferenceBased),
+        TemplateKind::new(Domain::Open, Mode::ReferenceFree),
+        TemplateKind::new(Domain::Open, Mode::ReferenceBased),
     ];
 
     pub const fn new(domain: Domain, mode: Mode) -> Self {
         TemplateKind { domain, mode }
     }
 
-    /// The kind a trace calls for: options make it multiple-choice, a gold answer reference-based.
-    pub fn for_trace(trace: &Trace) -> Self {
-        let domain = if trace.options.is_empty() {
-            Domain::Math
-        } else {
-            Domain::MultipleChoice
-        };
+    /// The kind a trace calls for: the domain `choice` gives it (`auto`: by its shape, see
+    /// `domain::auto`), reference-based when it carries a gold answer.
+    pub fn for_trace(trace: &Trace, choice: DomainChoice) -> Self {
+        let domain = choice.domain_for(trace);
         let mode = if trace.reference_answer.is_some() {
             Mode::ReferenceBased
         } else {
@@ -121,6 +146,8 @@ impl TemplateKind {
             (Domain::Math, Mode::ReferenceBased) => "math-reference-based",
             (Domain::MultipleChoice, Mode::ReferenceFree) => "multiple-choice-reference-free",
             (Domain::MultipleChoice, Mode::ReferenceBased) => "multiple-choice-reference-based",
+            (Domain::Open, Mode::ReferenceFree) => "open-reference-free",
+            (Domain::Open, Mode::ReferenceBased) => "open-reference-based",
         }
     }
 
@@ -132,8 +159,8 @@ impl TemplateKind {
     /// The placeholders this kind must use; it may use no others.
     pub fn placeholders(self) -> &'static [&'static str] {
         match (self.domain, self.mode) {
-            (Domain::Math, Mode::ReferenceFree) => &["question", "tagged_steps"],
-            (Domain::Math, Mode::ReferenceBased) => {
+            (Domain::Math | Domain::Open, Mode::ReferenceFree) => &["question", "tagged_steps"],
+            (Domain::Math | Domain::Open, Mode::ReferenceBased) => {
                 &["question", "reference_answer", "tagged_steps"]
             }
             (Domain::MultipleChoice, Mode::ReferenceFree) => {
@@ -150,7 +177,9 @@ impl TemplateKind {
     }
 
     fn builtin(self) -> &'static str {
-        [MATH_FREE, MATH_BASED, MC_FREE, MC_BASED][self.index()]
+        [
+            MATH_FREE, MATH_BASED, MC_FREE, MC_BASED, OPEN_FREE, OPEN_BASED,
+        ][self.index()]
     }
 }
 
@@ -261,10 +290,19 @@ impl Templates {
         &self.by_kind[kind.index()]
     }
 
-    /// Renders `trace` with the template its shape calls for.
-    pub(crate) fn render(&self, trace: &Trace, answer_format: &str) -> Result<String, PromptError> {
-        self.get(TemplateKind::for_trace(trace))
-            .render(trace, answer_format)
+    /// Renders `trace` with the template `choice` gives it; a wording without options refuses a
+    /// trace that has some (only a fixed domain picks one for such a trace).
+    pub(crate) fn render(
+        &self,
+        trace: &Trace,
+        choice: DomainChoice,
+        answer_format: &str,
+    ) -> Result<String, PromptError> {
+        let kind = TemplateKind::for_trace(trace, choice);
+        if kind.domain != Domain::MultipleChoice && !trace.options.is_empty() {
+            return Err(PromptError::UnshownOptions { kind });
+        }
+        self.get(kind).render(trace, answer_format)
     }
 }
 

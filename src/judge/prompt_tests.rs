@@ -1,6 +1,7 @@
 //! Tests for the judge prompt templates: the built-ins, rendering, and overrides.
 
 use super::*;
+use crate::judge::DomainChoice;
 use crate::trace::Step;
 
 fn trace(options: &[&str], reference: Option<&str>) -> Trace {
@@ -53,8 +54,9 @@ fn builtins_are_valid_and_ask_for_the_contract() {
     }
 }
 
-/// (options, reference, expected kind, texts present, texts absent)
+/// (domain, options, reference, expected kind, texts present, texts absent)
 type Case<'a> = (
+    DomainChoice,
     &'a [&'a str],
     Option<&'a str>,
     &'a str,
@@ -64,9 +66,12 @@ type Case<'a> = (
 
 #[test]
 fn renders_each_kind_from_the_trace() {
+    use DomainChoice::{Auto, Math, Open};
     let templates = Templates::default();
-    let cases: [Case; 4] = [
+    // The question is no math and no yes/no question: `auto` words it as an open question.
+    let cases: [Case; 7] = [
         (
+            Math,
             &[],
             None,
             "math-reference-free",
@@ -74,6 +79,7 @@ fn renders_each_kind_from_the_trace() {
             &["(A)", "[Reference"],
         ),
         (
+            Math,
             &[],
             Some("42"),
             "math-reference-based",
@@ -81,6 +87,7 @@ fn renders_each_kind_from_the_trace() {
             &["(A)"],
         ),
         (
+            Auto,
             &["pantry", "kitchen"],
             None,
             "multiple-choice-reference-free",
@@ -88,18 +95,49 @@ fn renders_each_kind_from_the_trace() {
             &["[Correct Answer]"],
         ),
         (
+            Auto,
             &["pantry", "kitchen"],
             Some("B"),
             "multiple-choice-reference-based",
             &["(B) kitchen", "[Correct Answer]\nB\n"],
             &[],
         ),
+        (
+            Auto,
+            &[],
+            None,
+            "open-reference-free",
+            &[
+                "[Question]\nWhere would",
+                "world knowledge, commonsense or science",
+            ],
+            &["(A)", "[Correct Answer]", "[Problem]", "[Options]"],
+        ),
+        (
+            Auto,
+            &[],
+            Some("the kitchen"),
+            "open-reference-based",
+            &[
+                "[Correct Answer]\nthe kitchen\n",
+                "[Reasoning]\n<paragraph_0>",
+            ],
+            &["(A)", "[Options]"],
+        ),
+        (
+            Open,
+            &[],
+            Some("42"),
+            "open-reference-based",
+            &["[Correct Answer]\n42\n"],
+            &[],
+        ),
     ];
     let steps = "<paragraph_0>\nJars go in kitchens.\n</paragraph_0>\n\n<paragraph_1>\nSo (B).\n</paragraph_1>";
-    for (options, reference, kind, present, absent) in cases {
+    for (choice, options, reference, kind, present, absent) in cases {
         let t = trace(options, reference);
-        assert_eq!(TemplateKind::for_trace(&t).name(), kind);
-        let prompt = templates.render(&t, "FORMAT").unwrap();
+        assert_eq!(TemplateKind::for_trace(&t, choice).name(), kind);
+        let prompt = templates.render(&t, choice, "FORMAT").unwrap();
         assert!(prompt.contains(steps), "{kind}: {prompt}");
         // The question's literal "{options}" stays as the caller wrote it.
         assert!(prompt.contains("keep a {options} jar?"), "{kind}");
@@ -115,6 +153,29 @@ fn renders_each_kind_from_the_trace() {
             "{kind}: the answer format comes last"
         );
     }
+}
+
+/// A fixed domain whose wording can't show the trace's options (or needs some) is refused, and
+/// the error names the trace's field, so the request fails as bad input.
+#[test]
+fn a_fixed_domain_refuses_a_trace_it_cannot_show() {
+    let templates = Templates::default();
+    for choice in [DomainChoice::Math, DomainChoice::Open] {
+        let err = templates
+            .render(&trace(&["a", "b"], None), choice, "")
+            .unwrap_err();
+        assert_eq!(err.field(), Some("options"), "{err}");
+        assert!(err.to_string().contains("no place for options"), "{err}");
+    }
+    let err = templates
+        .render(&trace(&[], None), DomainChoice::MultipleChoice, "")
+        .unwrap_err();
+    assert_eq!(err.field(), Some("options"), "{err}");
+    let engine = crate::judge::JudgeError::Prompt(err).into_engine("j");
+    assert!(
+        matches!(&engine, crate::engine::EngineError::Invalid { field, .. } if field.to_string() == "options"),
+        "{engine:?}"
+    );
 }
 
 /// Text mode's answer format is the wording the built-ins carried before output modes existed,
@@ -152,6 +213,8 @@ fn tags_single_step_like_processbench() {
 fn overrides_are_checked_and_errors_name_file_and_placeholder() {
     let mc_free = TemplateKind::new(Domain::MultipleChoice, Mode::ReferenceFree);
     let math_free = TemplateKind::new(Domain::Math, Mode::ReferenceFree);
+    let open_free = TemplateKind::new(Domain::Open, Mode::ReferenceFree);
+    let open_based = TemplateKind::new(Domain::Open, Mode::ReferenceBased);
     let cases = [
         (
             mc_free,
@@ -168,6 +231,17 @@ fn overrides_are_checked_and_errors_name_file_and_placeholder() {
             math_free,
             "{question} {tagged_step}",
             "missing placeholder {tagged_steps}",
+        ),
+        (
+            open_free,
+            "{question} {tagged_steps} {options}",
+            "{options} has no value",
+        ),
+        (open_free, "{question}\n{tagged_steps}\n{answer_format}", ""),
+        (
+            open_based,
+            "{question} {tagged_steps}",
+            "missing placeholder {reference_answer}",
         ),
     ];
     for (kind, text, want) in cases {
@@ -196,7 +270,9 @@ fn load_reads_a_file_and_names_it_when_unreadable() {
     let t = Template::load(kind, &path).unwrap();
     let mut templates = Templates::builtin();
     templates.set(t);
-    let prompt = templates.render(&trace(&[], None), "FORMAT").unwrap();
+    let prompt = templates
+        .render(&trace(&[], None), DomainChoice::Math, "FORMAT")
+        .unwrap();
     assert!(prompt.starts_with("Problem: Where would") && prompt.ends_with("</paragraph_1>"));
 
     let gone = dir.join("absent.txt");

@@ -23,7 +23,11 @@ const SPLITS: [&str; 4] = ["gsm8k", "math", "olympiadbench", "omnimath"];
 fn labels(split: &str) -> Vec<i32> {
     read_records(&processbench(split))
         .unwrap()
-        .map(|r| r.expect("ProcessBench rows are valid").label)
+        .map(|r| {
+            r.expect("ProcessBench rows are valid")
+                .label
+                .expect("eval reads labels")
+        })
         .collect()
 }
 
@@ -383,7 +387,7 @@ async fn eval_and_calibrate_run_end_to_end_against_a_server() {
             };
             expected.insert(
                 (r.split, r.id),
-                (r.label, steps.len(), fake_prediction(&steps)),
+                (r.label.unwrap(), steps.len(), fake_prediction(&steps)),
             );
         }
     }

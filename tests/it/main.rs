@@ -22,6 +22,7 @@ mod judge_llama;
 mod judge_output;
 mod judge_replies;
 mod judge_wire;
+mod label;
 mod memory;
 mod outcome;
 mod prm;

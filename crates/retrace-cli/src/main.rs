@@ -32,6 +32,30 @@ enum Command {
     Eval(retrace_cli::eval::EvalOptions),
     /// Scores traces once, sweeps the PRM threshold, and prints the F1-maximising config line.
     Calibrate(retrace_cli::eval::CalibrateOptions),
+    /// Labels traces with an evaluator's verdicts (usually a voting judge's) as dataset rows
+    /// that `eval` and `train-head` read.
+    ///
+    /// Input is what `eval` reads (ProcessBench JSON arrays, JSONL), with or without `label`.
+    /// Each output row keeps every field of its input row and adds `label` (the first wrong
+    /// step, -1 when every step holds), `category` (none, misinterpretation, hallucination or
+    /// reasoning; left out where the evaluator names none, as a PRM), the judge's `rationale`,
+    /// `labelled_by` (the evaluator) and, from a voting judge (`samples` > 1), `agreement` (the
+    /// share of its samples that put the first error where the verdict does). An input row's
+    /// own `label` and `category` (a human's) are kept as `source_label` and `source_category`.
+    /// A row without `id` gets its default id (SPLIT-N), one without `dataset` its file's split,
+    /// one given as `text` the segmented `steps`.
+    ///
+    /// A judge words its prompt by its `domain` key: `math`, `multiple_choice`, `open` (open
+    /// and yes/no questions of world knowledge, commonsense or science, as StrategyQA's), or
+    /// `auto` (the default), which reads each trace: options make it multiple choice; math
+    /// notation or math words (integer, probability, how many ...) make it math; a yes/no
+    /// question (opening with is, did, could ...) or a yes/no reference answer makes it open; a
+    /// number in the question makes it math; anything else is open.
+    ///
+    /// Rerunning with the same --out resumes: rows already labelled are skipped, and rows whose
+    /// request failed (listed in OUT-STEM.failed.jsonl and in the summary, and the command then
+    /// exits with status 1) are tried again.
+    Label(retrace_cli::label::LabelOptions),
     /// Measures scoring speed here: retrace over gRPC (a `retrace serve` it starts, or --server)
     /// next to llama-server following RLHFlow's one-request-per-step procedure on the same model
     /// and traces, against the machine's measured f32 matmul peak; prints the side-by-side table
@@ -99,6 +123,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .map(drop)
             .map_err(Into::into),
         Command::Calibrate(opts) => retrace_cli::eval::calibrate(opts)
+            .await
+            .map(drop)
+            .map_err(Into::into),
+        Command::Label(opts) => retrace_cli::label::label(opts)
             .await
             .map(drop)
             .map_err(Into::into),

@@ -111,7 +111,7 @@ fn expected(row: &Row, i: usize) -> Record {
         options: Vec::new(),
         steps: row.steps.clone(),
         text: row.text.clone().filter(|t| !t.trim().is_empty()),
-        label: row.label as i32,
+        label: Some(row.label as i32),
         category: row
             .category
             .as_deref()
@@ -120,6 +120,7 @@ fn expected(row: &Row, i: usize) -> Record {
         reference_answer: None,
         final_answer_correct: None,
         generator: None,
+        source: None,
     }
 }
 

@@ -110,7 +110,8 @@ pub struct Calibrated {
     pub test_f1: Option<(Option<f64>, Option<f64>)>,
 }
 
-async fn backend(c: &ConnectOptions) -> Result<EvalBackend, EvalError> {
+/// Where `c` says traces are judged: a server, or a config loaded here.
+pub(crate) async fn backend(c: &ConnectOptions) -> Result<EvalBackend, EvalError> {
     if c.concurrency == 0 {
         return Err(EvalError::Usage("--concurrency must be at least 1".into()));
     }
@@ -133,7 +134,13 @@ async fn backend(c: &ConnectOptions) -> Result<EvalBackend, EvalError> {
     }
 }
 
-fn spec(c: &ConnectOptions, files: &[PathBuf], evaluator: &str, threshold: Option<f32>) -> RunSpec {
+/// What `c` asks of a run over `files` (read for `eval`).
+pub(crate) fn spec(
+    c: &ConnectOptions,
+    files: &[PathBuf],
+    evaluator: &str,
+    threshold: Option<f32>,
+) -> RunSpec {
     RunSpec {
         files: files.to_vec(),
         evaluator: evaluator.to_string(),
@@ -142,6 +149,7 @@ fn spec(c: &ConnectOptions, files: &[PathBuf], evaluator: &str, threshold: Optio
         limit: c.limit,
         skip_bad: c.skip_bad,
         progress: !c.no_progress,
+        purpose: super::Purpose::Eval,
     }
 }
 

@@ -1,12 +1,14 @@
-//! Labelled input data: ProcessBench JSON arrays and JSONL rows (ProcessBench or ReTraceQA shape)
-//! read one record at a time, each bad row reported with its file and line.
+//! Input traces: ProcessBench JSON arrays and JSONL rows (ProcessBench or ReTraceQA shape) read
+//! one record at a time, each bad row reported with its file and line; labelled for `eval`, and
+//! labelled or not for `label` (`Purpose`).
 //!
 //! Fields (JSON array elements and JSONL lines alike; unknown fields are ignored):
 //! - `id` (string or integer; default `<split>-<n>`, n counting rows from 0);
 //! - `question` (or ProcessBench's `problem`), required;
 //! - `options`: answer options, optional;
 //! - `steps`: the chain of thought as steps, or `text`: raw text the server segments;
-//! - `label`: index of the first wrong step, -1 when every step holds, required;
+//! - `label`: index of the first wrong step, -1 when every step holds; required for `eval`,
+//!   optional for `label` (checked the same way when present);
 //! - `category`: `none`, `misinterpretation`, `hallucination` or `reasoning`, optional;
 //! - `reference_answer`, `final_answer_correct`, `generator`, optional;
 //! - `dataset`: the split the row counts under; default the file's stem (`gsm8k.json` -> gsm8k).
@@ -27,11 +29,25 @@ pub struct Record {
     /// Empty when the trace is given as `text`.
     pub steps: Vec<String>,
     pub text: Option<String>,
-    pub label: i32,
+    /// Always present when read for `eval`.
+    pub label: Option<i32>,
     pub category: Option<ErrorCategory>,
     pub reference_answer: Option<String>,
     pub final_answer_correct: Option<bool>,
     pub generator: Option<String>,
+    /// Every field of the row as read, kept only when reading for `label` (which writes them
+    /// back beside its own).
+    pub source: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// What rows are read for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Purpose {
+    /// Scoring against labels: every row needs its `label`.
+    #[default]
+    Eval,
+    /// Making labels: a row may have none, and its fields are kept (`Record::source`).
+    Label,
 }
 
 /// A bad row (or a broken file): where, and what.
@@ -95,6 +111,7 @@ pub struct Records {
     /// Rows seen so far (good and bad), for default ids.
     index: usize,
     failed: bool,
+    purpose: Purpose,
 }
 
 /// Opens `path`: a JSON array when its first non-blank byte is `[`, else JSONL.
@@ -255,7 +272,14 @@ impl Records {
             source,
             index: 0,
             failed: false,
+            purpose: Purpose::Eval,
         }
+    }
+
+    /// Reads the rows for `purpose` (`Purpose::Eval` unless set).
+    pub fn for_purpose(mut self, purpose: Purpose) -> Self {
+        self.purpose = purpose;
+        self
     }
 
     /// The split a row without `dataset` counts under: the file's stem.
@@ -300,14 +324,14 @@ impl Records {
         Some(result)
     }
 
-    fn parse(&self, line: usize, text: &str, index: usize) -> Result<Record, DataError> {
+    fn parse(&self, line: usize, row: &str, index: usize) -> Result<Record, DataError> {
         let bad = |line: usize, message: String| DataError {
             file: self.file.clone(),
             line,
             message,
             fatal: false,
         };
-        let raw: RawRecord = serde_json::from_str(text)
+        let raw: RawRecord = serde_json::from_str(row)
             .map_err(|e| bad(line + e.line().saturating_sub(1), e.to_string()))?;
         let split = raw
             .dataset
@@ -324,7 +348,10 @@ impl Records {
             .question
             .filter(|q| !q.trim().is_empty())
             .ok_or_else(|| at("`question` (or `problem`) is missing or empty"))?;
-        let label = raw.label.ok_or_else(|| at("`label` is missing"))?;
+        let label = match (raw.label, self.purpose) {
+            (None, Purpose::Eval) => return Err(at("`label` is missing")),
+            (label, _) => label,
+        };
         let text = raw.text.filter(|t| !t.trim().is_empty());
         if raw.steps.is_empty() && text.is_none() {
             return Err(at("give the chain of thought as `steps` or `text`"));
@@ -332,36 +359,15 @@ impl Records {
         if let Some(i) = raw.steps.iter().position(|s| s.trim().is_empty()) {
             return Err(at(&format!("steps[{i}] is empty")));
         }
-        let in_range = label >= -1 && (raw.steps.is_empty() || label < raw.steps.len() as i64);
-        if !in_range || label > i64::from(i32::MAX) {
-            return Err(at(&format!(
-                "`label` {label} is not -1 or a step index (the trace has {} steps)",
-                raw.steps.len()
-            )));
-        }
-        let category = match raw.category.as_deref().filter(|c| !c.trim().is_empty()) {
-            None => None,
-            Some(c) => match ErrorCategory::parse(c) {
-                Some(ErrorCategory::Unspecified) | None => {
-                    return Err(at(&format!(
-                        "`category` {c:?} is not one of none, misinterpretation, hallucination, reasoning"
-                    )));
-                }
-                Some(c) => Some(c),
-            },
+        let (label, category) =
+            gold(label, raw.category.as_deref(), raw.steps.len()).map_err(|m| at(&m))?;
+        let source = match self.purpose {
+            Purpose::Eval => None,
+            // The row just parsed as a record, so it is a JSON object.
+            Purpose::Label => {
+                Some(serde_json::from_str(row).map_err(|e| bad(line, e.to_string()))?)
+            }
         };
-        match category {
-            Some(ErrorCategory::None) if label != -1 => {
-                return Err(at("`category` is none but `label` names a wrong step"));
-            }
-            Some(c) if c != ErrorCategory::None && label == -1 => {
-                return Err(at(&format!(
-                    "`category` is {} but `label` is -1",
-                    c.as_str()
-                )));
-            }
-            _ => {}
-        }
         Ok(Record {
             id,
             split,
@@ -369,12 +375,50 @@ impl Records {
             options: raw.options,
             steps: raw.steps,
             text,
-            label: label as i32,
+            label,
             category,
             reference_answer: raw.reference_answer.filter(|r| !r.trim().is_empty()),
             final_answer_correct: raw.final_answer_correct,
             generator: raw.generator.filter(|g| !g.trim().is_empty()),
+            source,
         })
+    }
+}
+
+/// The gold `label` (-1 or a step index, when `n_steps` is known) and `category` (one of the
+/// four, consistent with the label), as data gives them; an error says which is wrong.
+fn gold(
+    label: Option<i64>,
+    category: Option<&str>,
+    n_steps: usize,
+) -> Result<(Option<i32>, Option<ErrorCategory>), String> {
+    if let Some(label) = label {
+        let in_range = label >= -1 && (n_steps == 0 || label < n_steps as i64);
+        if !in_range || label > i64::from(i32::MAX) {
+            return Err(format!(
+                "`label` {label} is not -1 or a step index (the trace has {n_steps} steps)"
+            ));
+        }
+    }
+    let category = match category.filter(|c| !c.trim().is_empty()) {
+        None => None,
+        Some(c) => match ErrorCategory::parse(c) {
+            Some(ErrorCategory::Unspecified) | None => {
+                return Err(format!(
+                    "`category` {c:?} is not one of none, misinterpretation, hallucination, reasoning"
+                ));
+            }
+            Some(c) => Some(c),
+        },
+    };
+    match (category, label) {
+        (Some(ErrorCategory::None), Some(l)) if l != -1 => {
+            Err("`category` is none but `label` names a wrong step".into())
+        }
+        (Some(c), Some(-1)) if c != ErrorCategory::None => {
+            Err(format!("`category` is {} but `label` is -1", c.as_str()))
+        }
+        _ => Ok((label.map(|l| l as i32), category)),
     }
 }
 
@@ -408,75 +452,5 @@ pub(crate) fn check_files(files: &[PathBuf]) -> Result<(), DataError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-
-    /// Writes `body` to a fresh folder under the temp dir as `name`; returns the folder too.
-    fn file(name: &str, body: &str) -> (PathBuf, PathBuf) {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "retrace-dataset-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(body.as_bytes())
-            .unwrap();
-        (dir, path)
-    }
-
-    #[test]
-    fn reads_an_array_with_line_numbers() {
-        let body = "[\n  {\"id\": \"a\", \"problem\": \"q\", \"steps\": [\"s0\", \"s1\"], \"label\": 1,\n   \"generator\": \"g\", \"final_answer_correct\": false},\n  {\"id\": \"b\", \"problem\": \"q\", \"steps\": [\"x, ]}\"], \"label\": 5}\n]\n";
-        let (dir, path) = file("gsm8k.json", body);
-        let rows: Vec<_> = read_records(&path).unwrap().collect();
-        assert_eq!(rows.len(), 2, "{rows:?}");
-        let a = rows[0].as_ref().unwrap();
-        assert_eq!(
-            (a.id.as_str(), a.split.as_str(), a.label),
-            ("a", "gsm8k", 1)
-        );
-        assert_eq!(a.final_answer_correct, Some(false));
-        let e = rows[1].as_ref().unwrap_err();
-        assert_eq!(e.line, 4);
-        assert!(!e.fatal);
-        assert!(e.message.contains("`label` 5"), "{e}");
-        assert!(e.to_string().starts_with(&format!("{}:4:", path.display())));
-        assert_eq!(count_records(&path).unwrap(), 2);
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn reads_jsonl_in_retraceqa_shape() {
-        let body = "{\"question\": \"q\", \"options\": [\"a\", \"b\"], \"text\": \"s0\\n\\ns1\", \"label\": 0, \"category\": \"Hallucination\", \"dataset\": \"csqa\"}\n\n{\"question\": \"q\", \"steps\": [\"s\"], \"label\": -1, \"category\": \"reasoning\"}\nnot json\n";
-        let (dir, path) = file("cs.jsonl", body);
-        let rows: Vec<_> = read_records(&path).unwrap().collect();
-        let a = rows[0].as_ref().unwrap();
-        assert_eq!((a.id.as_str(), a.split.as_str()), ("csqa-0", "csqa"));
-        assert_eq!(a.category, Some(ErrorCategory::Hallucination));
-        assert!(a.steps.is_empty() && a.text.is_some());
-        let e = rows[1].as_ref().unwrap_err();
-        assert_eq!(e.line, 3);
-        assert!(e.message.contains("label` is -1"), "{e}");
-        assert_eq!(rows[2].as_ref().unwrap_err().line, 4);
-        assert_eq!(rows.len(), 3);
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn a_broken_array_is_fatal() {
-        let (dir, path) = file("x.json", "[{\"id\": \"a\"");
-        let rows: Vec<_> = read_records(&path).unwrap().collect();
-        assert_eq!(rows.len(), 1);
-        assert!(rows[0].as_ref().unwrap_err().fatal);
-        std::fs::remove_dir_all(dir).unwrap();
-        let (dir, path) = file("y.json", "[]");
-        assert_eq!(read_records(&path).unwrap().count(), 0);
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-}
+#[path = "dataset_tests.rs"]
+mod tests;

@@ -4,11 +4,14 @@
 //! - `dataset`: ProcessBench JSON arrays and JSONL (ProcessBench or ReTraceQA shape) -> `Record`s.
 //! - `predictions`: the predictions JSONL (one `Row` per trace): the resumable output and the
 //!   score cache calibration re-thresholds.
+//! - `jsonl`: appending JSONL rows, and mending a last line a crash cut.
 //! - `metric`: ProcessBench's run_eval.py per split, plus the average over splits.
 //! - `analysis`: categories, the first-error index confusion, the answer-level (ReTraceQA) view.
 //! - `best_of_n`: candidates of one question picked by trace score and by outcome score.
 //! - `backend`: a server over gRPC, or an engine in this process.
-//! - `run`: drives records through a backend, resumably, a bounded window in flight.
+//! - `run`: drives records through a backend, resumably, a bounded window in flight, into an
+//!   `Output` (`eval`'s predictions; `label` has its own).
+//! - `judging`: the two backends' ways of sending records and reading answers.
 //! - `calibrate`: the exact F1-maximising threshold sweep.
 //! - `report` / `plots`: Markdown, and HTML with inline SVG plots.
 //! - `cli`: the two commands' options and their top-level flow.
@@ -19,11 +22,13 @@ mod best_of_n;
 mod calibrate;
 mod cli;
 mod dataset;
+pub(crate) mod jsonl;
+mod judging;
 mod metric;
 mod plots;
 mod predictions;
 mod report;
-mod run;
+pub(crate) mod run;
 
 pub use analysis::{Analysis, AnswerLevel, CategoryStats, GeneratorStats};
 pub(crate) use backend::EvalBackend;
@@ -32,7 +37,8 @@ pub use calibrate::{Curve, ScoredTrace, ThresholdChoice, first_below, rethreshol
 pub use cli::{
     CalibrateOptions, Calibrated, ConnectOptions, EvalOptions, EvalOutcome, calibrate, eval,
 };
-pub use dataset::{DataError, Record, Records, read_records, records_from_bytes};
+pub(crate) use cli::{backend, spec};
+pub use dataset::{DataError, Purpose, Record, Records, read_records, records_from_bytes};
 pub use metric::{Averages, Counts, SplitScore, Summary};
 pub use predictions::{Outcome, Row, read_rows};
 pub use report::{Calibration, Report, render_html, render_markdown};
@@ -63,6 +69,10 @@ pub enum EvalError {
     /// A flag combination or a file's contents make the request impossible.
     #[error("{0}")]
     Usage(String),
+    /// The run finished but left rows undone (failed requests); what they are was reported and
+    /// a rerun retries them.
+    #[error("{0}")]
+    Incomplete(String),
 }
 
 impl EvalError {

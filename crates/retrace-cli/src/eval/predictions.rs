@@ -2,12 +2,14 @@
 //! resumable (rows already there are skipped), and the score cache `calibrate` re-thresholds.
 
 use super::dataset::{DataError, Record};
+use super::jsonl::{self, Writer};
+use super::run::Output;
 use super::{EvalError, shown};
 use retrace::trace::ErrorCategory;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 /// One judged trace.
@@ -65,6 +67,11 @@ pub enum Outcome {
         threshold: f32,
         trace_score: f32,
         outcome_score: Option<f32>,
+        /// The steps judged: the record's, or the server's segmentation of its `text`.
+        steps: Vec<String>,
+        rationale: Option<String>,
+        /// A voting judge's agreement with its first error (see the API's `agreement`).
+        agreement: Option<f32>,
     },
     Failed {
         evaluator: String,
@@ -72,12 +79,19 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    pub fn failed(&self) -> bool {
+        matches!(self, Outcome::Failed { .. })
+    }
+}
+
 impl Row {
-    pub fn new(record: &Record, outcome: Outcome) -> Row {
+    /// `record`'s row, against its gold `label`.
+    pub fn new(record: &Record, label: i32, outcome: Outcome) -> Row {
         let mut row = Row {
             id: record.id.clone(),
             split: record.split.clone(),
-            label: record.label,
+            label,
             prediction: None,
             category: None,
             gold_category: record.category,
@@ -101,13 +115,14 @@ impl Row {
                 threshold,
                 trace_score,
                 outcome_score,
+                ..
             } => {
                 row.trace_score = Some(trace_score);
                 row.outcome_score = outcome_score;
                 row.prediction = Some(first_error);
                 row.category = Some(category);
                 row.step_scores = step_scores;
-                row.matched = first_error == record.label;
+                row.matched = first_error == label;
                 row.evaluator = evaluator;
                 row.threshold = Some(threshold);
             }
@@ -185,34 +200,9 @@ pub(crate) struct Existing {
 /// so that trace is judged again.
 pub(crate) fn prepare(path: &Path) -> Result<Existing, EvalError> {
     let mut existing = Existing::default();
-    let text = match std::fs::read(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(existing),
-        Err(e) => return Err(EvalError::io(format!("reading {}", shown(path)), e)),
-    };
-    let complete = match text.iter().rposition(|&b| b == b'\n') {
-        Some(i) => i + 1,
-        None => 0,
-    };
-    if complete < text.len() {
-        let tail = String::from_utf8_lossy(&text[complete..]);
-        if serde_json::from_str::<Row>(&tail).is_err() {
-            tracing::warn!(file = %shown(path), "dropping an incomplete last line");
-            let f = OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(|e| EvalError::io(format!("opening {}", shown(path)), e))?;
-            f.set_len(complete as u64)
-                .map_err(|e| EvalError::io(format!("truncating {}", shown(path)), e))?;
-        } else {
-            // A complete row without its newline: keep it, and end the line before appending.
-            let mut f = OpenOptions::new()
-                .append(true)
-                .open(path)
-                .map_err(|e| EvalError::io(format!("opening {}", shown(path)), e))?;
-            f.write_all(b"\n")
-                .map_err(|e| EvalError::io(format!("writing {}", shown(path)), e))?;
-        }
+    jsonl::mend_last_line(path, |tail| serde_json::from_str::<Row>(tail).is_ok())?;
+    if !path.exists() {
+        return Ok(existing);
     }
     read_rows(path, |row| {
         // A failed trace is judged again on resume; its new row supersedes this one.
@@ -232,32 +222,19 @@ pub(crate) fn prepare(path: &Path) -> Result<Existing, EvalError> {
     Ok(existing)
 }
 
-/// Appends rows, one line each, flushed as written so a crash loses at most the line in flight.
-pub(crate) struct Writer {
-    file: File,
-    path: String,
-}
+/// `eval`'s output: a predictions row per answer, against the record's gold label.
+pub(crate) struct Predictions(pub(crate) Writer);
 
-impl Writer {
-    pub(crate) fn append(path: &Path) -> Result<Writer, EvalError> {
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| EvalError::io(format!("opening {}", shown(path)), e))?;
-        Ok(Writer {
-            file,
-            path: shown(path),
-        })
-    }
-
-    pub(crate) fn write(&mut self, row: &Row) -> Result<(), EvalError> {
-        let mut line = serde_json::to_string(row)
-            .map_err(|e| EvalError::io(format!("encoding a row for {}", self.path), e.into()))?;
-        line.push('\n');
-        self.file
-            .write_all(line.as_bytes())
-            .map_err(|e| EvalError::io(format!("writing {}", self.path), e))
+impl Output for Predictions {
+    fn write(&mut self, record: Record, outcome: Outcome) -> Result<(), EvalError> {
+        // Read for `eval`, every record has its label; the check keeps a mistake from panicking.
+        let label = record.label.ok_or_else(|| {
+            EvalError::Usage(format!(
+                "row {:?} of split {:?} has no `label` to score against",
+                record.id, record.split
+            ))
+        })?;
+        self.0.write(&Row::new(&record, label, outcome))
     }
 }
 
@@ -273,11 +250,12 @@ mod tests {
             options: vec![],
             steps: vec!["x".into(), "y".into()],
             text: None,
-            label,
+            label: Some(label),
             category: None,
             reference_answer: None,
             final_answer_correct: Some(true),
             generator: Some("g".into()),
+            source: None,
         }
     }
 
@@ -285,6 +263,7 @@ mod tests {
     fn rows_round_trip_and_match() {
         let row = Row::new(
             &record(1),
+            1,
             Outcome::Judged {
                 evaluator: "e".into(),
                 first_error: 1,
@@ -293,6 +272,9 @@ mod tests {
                 threshold: 0.5,
                 trace_score: 0.123_456_79,
                 outcome_score: Some(-1.5),
+                steps: vec!["x".into(), "y".into()],
+                rationale: None,
+                agreement: None,
             },
         );
         assert!(row.matched);
@@ -302,6 +284,7 @@ mod tests {
         assert_eq!(serde_json::from_str::<Row>(&line).unwrap(), row);
         let failed = Row::new(
             &record(-1),
+            -1,
             Outcome::Failed {
                 evaluator: "e".into(),
                 message: "boom".into(),
@@ -319,7 +302,7 @@ mod tests {
     #[test]
     fn prepare_drops_a_cut_line_and_keeps_the_rest() {
         let path = std::env::temp_dir().join(format!("retrace-pred-{}.jsonl", std::process::id()));
-        let row = Row::new(&record(-1), judged(-1));
+        let row = Row::new(&record(-1), -1, judged(-1));
         let line = serde_json::to_string(&row).unwrap();
         std::fs::write(&path, format!("{line}\n{}", &line[..10])).unwrap();
         let existing = prepare(&path).unwrap();
@@ -340,6 +323,9 @@ mod tests {
             threshold: 0.5,
             trace_score: 0.9,
             outcome_score: None,
+            steps: vec!["x".into(), "y".into()],
+            rationale: None,
+            agreement: None,
         }
     }
 
@@ -348,6 +334,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("retrace-retry-{}.jsonl", std::process::id()));
         let failed = Row::new(
             &record(1),
+            1,
             Outcome::Failed {
                 evaluator: "e".into(),
                 message: "unavailable".into(),
@@ -359,7 +346,7 @@ mod tests {
             prepare(&path).unwrap().keys.is_empty(),
             "a failed trace is judged again"
         );
-        let retried = Row::new(&record(1), judged(1));
+        let retried = Row::new(&record(1), 1, judged(1));
         std::fs::write(&path, format!("{}\n{}\n", line(&failed), line(&retried))).unwrap();
         let mut rows = Vec::new();
         read_rows(&path, |r| rows.push(r)).unwrap();
