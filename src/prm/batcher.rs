@@ -27,6 +27,7 @@ pub trait Scorer: Send + 'static {
             .zip(batch)
             .map(|(scores, e)| Row {
                 scores,
+                categories: Vec::new(),
                 tokens: Tokens {
                     computed: e.ids.len(),
                     reused: 0,

@@ -1,10 +1,12 @@
-//! The candle model behind the batcher's `Scorer` seam, and the device a config names.
+//! The candle model behind the batcher's `Scorer` seam, and how a config's in-process keys
+//! load it (device, dtype, reuse): the one way the server and the feature extractor load one.
 
 use super::batcher::{CacheStats, Row, ScoreError, Scorer};
-use super::config::DeviceSpec;
+use super::config::{DeviceSpec, Dtype, PrmConfig};
 use super::format::Encoded;
-use candle_core::Device;
-use retrace_model::{ModelError, PrmModel};
+use candle_core::{DType, Device};
+use retrace_model::{HeadSpec, ModelError, PrmModel, Reuse};
+use std::path::Path;
 
 impl Scorer for PrmModel {
     fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
@@ -27,6 +29,27 @@ fn split<'a>(batch: &[&'a Encoded]) -> (Vec<&'a [u32]>, Vec<&'a [usize]>) {
         .iter()
         .map(|e| (e.ids.as_slice(), e.positions.as_slice()))
         .unzip()
+}
+
+/// The checkpoint at `folder` with `head`, on the device and in the dtype `cfg` puts it, with
+/// its prefix cache and sharing.
+pub(super) fn load_model(
+    folder: &Path,
+    head: HeadSpec,
+    cfg: &PrmConfig,
+) -> Result<PrmModel, ModelError> {
+    let device = device(cfg.device())?;
+    let dtype = match cfg.dtype() {
+        Dtype::F32 => DType::F32,
+        Dtype::Bf16 => DType::BF16,
+        Dtype::F16 => DType::F16,
+    };
+    Ok(
+        PrmModel::load(folder, head, &device, dtype)?.with_reuse(Reuse {
+            cache_bytes: cfg.prefix_cache_mb() << 20,
+            share: cfg.prefix_sharing(),
+        }),
+    )
 }
 
 /// The candle device a config names; CUDA needs a build with `--features cuda`.

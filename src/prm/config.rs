@@ -234,6 +234,12 @@ impl PrmConfig {
                  --tensor-parallel-size, --max-num-seqs)"
             ));
         }
+        if self.family == Family::Head {
+            return refuse(
+                "backend: a trained head (family = \"head\") runs in-process; serve it with \
+                 backend = \"candle\"",
+            );
+        }
         if self.family == Family::Skywork {
             return refuse(
                 "backend: vLLM has no pooler that returns skywork-prm's value head per step; \

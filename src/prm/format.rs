@@ -24,6 +24,9 @@ pub enum Family {
     MathShepherd,
     Rlhflow,
     ChatLm,
+    /// A head trained on a frozen base (a head folder): not a format of its own; the folder's
+    /// config names the format it reads.
+    Head,
 }
 
 /// A trace ready for the model: ids, and one read position per step.
@@ -56,12 +59,13 @@ pub struct Formatter {
 
 impl Family {
     /// Every family, in the order the docs list them.
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 6] = [
         Family::QwenMathPrm,
         Family::Skywork,
         Family::MathShepherd,
         Family::Rlhflow,
         Family::ChatLm,
+        Family::Head,
     ];
 
     /// The family's name in configs and flags.
@@ -72,11 +76,17 @@ impl Family {
             Family::MathShepherd => "math-shepherd",
             Family::Rlhflow => "rlhflow",
             Family::ChatLm => "chat-lm",
+            Family::Head => "head",
         }
     }
 
     pub fn parse(name: &str) -> Option<Family> {
         Family::ALL.into_iter().find(|f| f.as_str() == name)
+    }
+
+    /// Whether it is an input format (every family but `head`).
+    pub fn is_format(self) -> bool {
+        self != Family::Head
     }
 
     /// The names, comma-separated, for messages.
@@ -116,6 +126,8 @@ pub enum LoadError {
         family: &'static str,
         what: String,
     },
+    #[error("family head is not an input format: a head folder's config names its format")]
+    NotAFormat,
     #[error(transparent)]
     Tokenize(#[from] TokenizeError),
     #[error(transparent)]
@@ -204,6 +216,9 @@ impl Formatter {
         config: serde_json::Value,
         config_path: &Path,
     ) -> Result<Formatter, LoadError> {
+        if !family.is_format() {
+            return Err(LoadError::NotAFormat);
+        }
         let template =
             ChatTemplate::from_config(&config).map_err(|source| LoadError::Template {
                 path: config_path.to_path_buf(),
@@ -243,7 +258,7 @@ impl Formatter {
                 .ok_or_else(|| file_error(tokenizer_path, format!("no {QWEN_STEP_TAG} token")))?,
             Family::Skywork => f.last_id("\n", false)?,
             Family::MathShepherd => f.last_id(SHEPHERD_STEP_TAG, true)?,
-            Family::Rlhflow | Family::ChatLm => 0,
+            Family::Rlhflow | Family::ChatLm | Family::Head => 0,
         };
         Ok(f)
     }
@@ -299,6 +314,7 @@ impl Formatter {
                 let first = |s: &str| format!("Question: {q}\n\nStep: {s}");
                 self.conversation(opening, &steps, first, |s| format!("Step: {s}"))
             }
+            Family::Head => Err(FormatError::Trace(LoadError::NotAFormat.to_string())),
         }
     }
 

@@ -4,6 +4,7 @@
 mod batcher;
 mod candle;
 mod config;
+pub mod features;
 pub mod format;
 pub mod remote;
 mod template;
@@ -19,10 +20,9 @@ use crate::field::FieldPath;
 use crate::metrics;
 use crate::trace::Judgement;
 use batcher::Batcher;
-use candle_core::DType;
 use format::{Family, FormatError, Formatter};
 use futures::future::BoxFuture;
-use retrace_model::{ModelError, PrmModel, Reuse};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -127,19 +127,9 @@ impl PrmEvaluator {
             &cfg.model,
             "for the embedded default, run scripts/fetch-smollm2.sh",
         )?;
-        let device = candle::device(cfg.device()).map_err(|e| fail(e.to_string()))?;
-        let dtype = match cfg.dtype() {
-            Dtype::F32 => DType::F32,
-            Dtype::Bf16 => DType::BF16,
-            Dtype::F16 => DType::F16,
-        };
         let formatter = Formatter::load(cfg.family, &folder).map_err(|e| fail(e.to_string()))?;
-        let model = PrmModel::load(&folder, formatter.head_spec(), &device, dtype)
-            .map_err(|e: ModelError| fail(e.to_string()))?
-            .with_reuse(Reuse {
-                cache_bytes: cfg.prefix_cache_mb() << 20,
-                share: cfg.prefix_sharing(),
-            });
+        let model = candle::load_model(&folder, formatter.head_spec(), cfg)
+            .map_err(|e| fail(e.to_string()))?;
         let limits = Limits {
             max_tokens: model.max_positions(),
             vocab_size: model.vocab_size(),

@@ -68,6 +68,11 @@ impl RemotePrm {
                         .into(),
                 ));
             }
+            Family::Head => {
+                return Err(fail(
+                    "a trained head runs in-process only; use backend = \"candle\"".into(),
+                ));
+            }
             Family::MathShepherd | Family::Rlhflow | Family::ChatLm => {
                 match formatter.head_spec() {
                     HeadSpec::LmPair { plus, minus } => Route::Logprobs {

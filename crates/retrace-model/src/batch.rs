@@ -1,19 +1,23 @@
 //! One batch's trip through the prefix cache, start to end: each row's cached prefix looked up
 //! (and pinned), the batch laid out, room made and the segments to keep picked, the decoder run,
 //! what it computed inserted, then the pins released and the cache evicted back to its budget
-//! whatever happened in between; and each row's scores and token counts.
+//! whatever happened in between; and each row's scores (or hidden states) and token counts.
 
-use crate::decoder::Decoder;
+use crate::decoder::{Decoder, Output};
 use crate::error::ModelError;
-use crate::head::Head;
+use crate::head::{Head, Reading};
 use crate::plan::Layout;
 use crate::prefix_cache::{Hit, PrefixCache};
+use candle_core::DType;
 use std::sync::Mutex;
 
 /// One row's scores, and where its tokens came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub scores: Vec<f32>,
+    /// Per read, the probabilities of a trained head's error categories (in the order its
+    /// config lists them); empty when the head has no category head.
+    pub categories: Vec<Vec<f32>>,
     pub tokens: Tokens,
 }
 
@@ -22,6 +26,23 @@ pub struct Row {
 pub struct Tokens {
     pub computed: usize,
     pub reused: usize,
+}
+
+/// One row's hidden states at its reads (`PrmModel::states`), in f32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowStates {
+    /// Per layer asked for, in that order: reads x hidden values, row-major.
+    pub layers: Vec<Vec<f32>>,
+    pub hidden_size: usize,
+    pub tokens: Tokens,
+}
+
+impl RowStates {
+    /// Layer `layer`'s (its index among those asked for) state at read `read`.
+    pub fn at(&self, layer: usize, read: usize) -> &[f32] {
+        let h = self.hidden_size;
+        &self.layers[layer][read * h..(read + 1) * h]
+    }
 }
 
 /// What a batch runs on: a model's decoder and head, and how it reuses tokens.
@@ -42,6 +63,12 @@ struct Lookup {
     pins: Vec<usize>,
 }
 
+/// A forward pass's reads, in row-major read order, and the batch's layout.
+struct Pass {
+    layout: Layout,
+    out: Output,
+}
+
 impl Batch<'_> {
     /// Scores `rows` at `positions` (checked by the caller). With the cache on, each row starts
     /// from its longest cached prefix, and what the batch computes is cached after (as much as
@@ -54,44 +81,96 @@ impl Batch<'_> {
         if positions.iter().all(|p| p.is_empty()) {
             return Ok(rows.iter().map(|_| no_reads()).collect());
         }
+        let pass = self.pass(rows, positions, self.head.taps())?;
+        let read = self.head.read(&pass.out)?;
+        let tokens = row_tokens(&pass.layout, &read_lengths(positions));
+        Ok(split_rows(read, positions, tokens))
+    }
+
+    /// The hidden states of the layers `layers` at `positions` (checked by the caller), through
+    /// the cache like `score`.
+    pub(crate) fn states(
+        &self,
+        rows: &[&[u32]],
+        positions: &[&[usize]],
+        layers: &[usize],
+    ) -> Result<Vec<RowStates>, ModelError> {
+        let pass = self.pass(rows, positions, layers)?;
+        let tokens = row_tokens(&pass.layout, &read_lengths(positions));
+        let hidden_size = pass.out.hidden.dim(1)?;
+        let mut per_layer = Vec::with_capacity(layers.len());
+        for t in &pass.out.taps {
+            per_layer.push(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+        }
+        let mut start = 0;
+        Ok(positions
+            .iter()
+            .zip(tokens)
+            .map(|(p, tokens)| {
+                let span = start * hidden_size..(start + p.len()) * hidden_size;
+                start += p.len();
+                RowStates {
+                    layers: per_layer.iter().map(|l| l[span.clone()].to_vec()).collect(),
+                    hidden_size,
+                    tokens,
+                }
+            })
+            .collect())
+    }
+
+    /// One pass over the cache: each row's cached prefix looked up and pinned (only up to its
+    /// first read when `taps` reach below the last layer's input, which is all a cached
+    /// prefix keeps of the stream), the batch run, the pins released whatever happened.
+    fn pass(
+        &self,
+        rows: &[&[u32]],
+        positions: &[&[usize]],
+        taps: &[usize],
+    ) -> Result<Pass, ModelError> {
         let mut cache = match self.cache {
             Some(c) => Some(c.lock().map_err(|_| {
                 ModelError::BadInput("the prefix cache was poisoned by a panic".into())
             })?),
             None => None,
         };
-        let lens = read_lengths(positions);
+        let deep = taps.iter().any(|&l| l + 2 < self.decoder.n_layers());
+        let lens = match deep {
+            true => first_reads(positions),
+            false => read_lengths(positions),
+        };
         let lookup = lookup(cache.as_deref_mut(), rows, &lens);
-        let result = self.run(cache.as_deref_mut(), rows, positions, &lookup.hits);
+        let result = self.run(cache.as_deref_mut(), rows, positions, &lookup.hits, taps);
         if let Some(c) = cache.as_deref_mut() {
             release(c, &lookup.pins);
         }
-        let (layout, scores) = result?;
-        Ok(split_rows(scores, positions, row_tokens(&layout, &lens)))
+        result
     }
 
     /// Lays the batch out over its cached prefixes `hits`, runs it and inserts what the cache
-    /// keeps of it; the layout and the scores in row-major read order.
+    /// keeps of it.
     fn run(
         &self,
         mut cache: Option<&mut PrefixCache>,
         rows: &[&[u32]],
         positions: &[&[usize]],
         hits: &[Hit],
-    ) -> Result<(Layout, Vec<f32>), ModelError> {
+        taps: &[usize],
+    ) -> Result<Pass, ModelError> {
         let layout = self.decoder.layout(rows, positions, hits, self.share)?;
         let capture = match cache.as_deref_mut() {
             Some(c) => make_room(c, &layout, self.bytes_per_token),
             None => Vec::new(),
         };
-        let out = self.decoder.run(rows, positions, hits, &layout, &capture)?;
+        let mut out = self
+            .decoder
+            .run(rows, positions, hits, &layout, &capture, taps)?;
         if let Some(c) = cache {
-            for (s, kv) in out.captured {
+            for (s, kv) in std::mem::take(&mut out.captured) {
                 let seg = &layout.segments[s];
                 c.insert(&rows[seg.row][..seg.pos0 + seg.len], seg.pos0, kv)?;
             }
         }
-        Ok((layout, self.head.scores(&out.hidden)?))
+        Ok(Pass { layout, out })
     }
 }
 
@@ -99,6 +178,7 @@ impl Batch<'_> {
 fn no_reads() -> Row {
     Row {
         scores: Vec::new(),
+        categories: Vec::new(),
         tokens: Tokens::default(),
     }
 }
@@ -108,6 +188,14 @@ fn read_lengths(positions: &[&[usize]]) -> Vec<usize> {
     positions
         .iter()
         .map(|p| p.iter().max().map_or(0, |m| m + 1))
+        .collect()
+}
+
+/// Each row's first read: a cached prefix that ends there holds none of its reads.
+fn first_reads(positions: &[&[usize]]) -> Vec<usize> {
+    positions
+        .iter()
+        .map(|p| p.iter().min().copied().unwrap_or(0))
         .collect()
 }
 
@@ -158,14 +246,16 @@ fn release(cache: &mut PrefixCache, pins: &[usize]) {
     cache.evict_to(budget);
 }
 
-/// The batch's scores (row-major) cut into rows, each with its token counts.
-fn split_rows(scores: Vec<f32>, positions: &[&[usize]], tokens: Vec<Tokens>) -> Vec<Row> {
-    let mut scores = scores.into_iter();
+/// The batch's scores and categories (row-major) cut into rows, each with its token counts.
+fn split_rows(read: Reading, positions: &[&[usize]], tokens: Vec<Tokens>) -> Vec<Row> {
+    let mut scores = read.scores.into_iter();
+    let mut categories = read.categories.into_iter();
     positions
         .iter()
         .zip(tokens)
         .map(|(p, tokens)| Row {
             scores: scores.by_ref().take(p.len()).collect(),
+            categories: categories.by_ref().take(p.len()).collect(),
             tokens,
         })
         .collect()

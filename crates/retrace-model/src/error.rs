@@ -20,6 +20,9 @@ pub enum ModelError {
     /// A GGUF file's tokenizer can't be rebuilt from its metadata.
     #[error("{}: {reason}", path.display())]
     Tokenizer { path: PathBuf, reason: String },
+    /// A trained head's weights file is unusable: a tensor missing, misshapen or not finite.
+    #[error("{}: {reason}", path.display())]
+    Head { path: PathBuf, reason: String },
     #[error("bad input: {0}")]
     BadInput(String),
     #[error("device {name:?}: {reason}")]

@@ -1,13 +1,17 @@
-//! The scoring heads that turn a PRM's final hidden states into P(step correct), in f32.
+//! The scoring heads that turn a PRM's hidden states into P(step correct), in f32: the ones
+//! each family's checkpoint carries, and a head trained on a frozen base (`trained`).
 
 use crate::config::ModelConfig;
+use crate::decoder::Output;
+use crate::error::ModelError;
 use crate::layers::Emb;
+use crate::trained::{Trained, TrainedSpec};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
 
 /// Which head a checkpoint carries; the family in the server config decides it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeadSpec {
     /// Qwen2.5-Math-PRM: `score.0` Linear(H,H) -> ReLU -> `score.2` Linear(H,2); softmax[1].
     QwenScore,
@@ -15,6 +19,11 @@ pub enum HeadSpec {
     ValueHead,
     /// A causal LM read at two vocabulary ids: softmax over (logit[plus], logit[minus]), index 0.
     LmPair { plus: u32, minus: u32 },
+    /// A head trained on the frozen base (a head folder's `head.safetensors`).
+    Trained(TrainedSpec),
+    /// No head: the model is loaded to read hidden states (`PrmModel::states`) only, as a
+    /// trainer does; it cannot score.
+    States,
 }
 
 pub(crate) enum Head {
@@ -29,6 +38,15 @@ pub(crate) enum Head {
     LmPair {
         pair: Linear,
     },
+    Trained(Trained),
+    States,
+}
+
+/// What a head read at a batch's reads, in row-major read order.
+pub(crate) struct Reading {
+    pub(crate) scores: Vec<f32>,
+    /// Per read, the category probabilities; empty without a category head.
+    pub(crate) categories: Vec<Vec<f32>>,
 }
 
 impl Head {
@@ -41,7 +59,7 @@ impl Head {
         vb: VarBuilder,
         rows: &dyn Fn(&str, &[usize]) -> Result<Tensor>,
         embed: &Emb,
-    ) -> Result<Self> {
+    ) -> std::result::Result<Self, ModelError> {
         let h = cfg.hidden_size;
         let dev = vb.device().clone();
         let dtype = vb.dtype();
@@ -60,13 +78,16 @@ impl Head {
             HeadSpec::ValueHead => Ok(Self::Value {
                 summary: f32_linear(candle_nn::linear(h, 1, vb.pp("v_head").pp("summary"))?)?,
             }),
+            HeadSpec::Trained(spec) => Ok(Self::Trained(Trained::load(&spec, cfg, &dev)?)),
+            HeadSpec::States => Ok(Self::States),
             HeadSpec::LmPair { plus, minus } => {
                 for id in [plus, minus] {
                     if id as usize >= cfg.vocab_size {
-                        candle_core::bail!(
+                        return Err(candle_core::Error::Msg(format!(
                             "LM-pair token id {id} is outside the vocabulary ({})",
                             cfg.vocab_size
-                        )
+                        ))
+                        .into());
                     }
                 }
                 let ids = [plus as usize, minus as usize];
@@ -78,10 +99,11 @@ impl Head {
                         .to_device(&dev)?
                 };
                 if rows.dims2()? != (2, h) {
-                    candle_core::bail!(
+                    return Err(candle_core::Error::Msg(format!(
                         "the LM head's rows are {:?}, expected (2, {h})",
                         rows.shape()
-                    )
+                    ))
+                    .into());
                 }
                 Ok(Self::LmPair {
                     pair: Linear::new(rows.to_dtype(DType::F32)?, None),
@@ -90,8 +112,32 @@ impl Head {
         }
     }
 
-    /// `hidden` (N, H) in any dtype -> N scores in [0, 1].
-    pub(crate) fn scores(&self, hidden: &Tensor) -> Result<Vec<f32>> {
+    /// The layers whose states the head reads (see `Decoder::run`); none for a head that
+    /// reads the final normed state, which every pass returns.
+    pub(crate) fn taps(&self) -> &[usize] {
+        match self {
+            Self::Trained(t) => t.layers(),
+            _ => &[],
+        }
+    }
+
+    /// The head at a pass's reads: one score in [0, 1] per read, and a trained head's
+    /// category probabilities.
+    pub(crate) fn read(&self, out: &Output) -> Result<Reading> {
+        match self {
+            Self::Trained(t) => t.read(&out.taps),
+            Self::States => {
+                candle_core::bail!("this model was loaded without a head: it cannot score")
+            }
+            _ => Ok(Reading {
+                scores: self.scores(&out.hidden)?,
+                categories: Vec::new(),
+            }),
+        }
+    }
+
+    /// `hidden` (N, H) in any dtype -> N scores in [0, 1], for the heads a checkpoint carries.
+    fn scores(&self, hidden: &Tensor) -> Result<Vec<f32>> {
         let x = hidden.to_dtype(DType::F32)?;
         let p = match self {
             Self::QwenScore { l0, l2 } => {
@@ -102,6 +148,7 @@ impl Head {
             Self::LmPair { pair } => {
                 candle_nn::ops::softmax_last_dim(&pair.forward(&x)?)?.narrow(1, 0, 1)?
             }
+            Self::Trained(_) | Self::States => candle_core::bail!("not a checkpoint's own head"),
         };
         p.flatten_all()?.to_vec1::<f32>()
     }

@@ -34,12 +34,15 @@
 //! - `decoder/`: the packed decoder, run in stages (`stream`, `reads`, `layer`, `attention`,
 //!   `capture`; `packing`: keys and values per packed row); `layers.rs`: linear and embedding
 //!   layers, f32 or quantized.
-//! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair).
+//! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair);
+//!   `trained.rs`: a head trained on a frozen base, over the hidden states of chosen layers.
+//! - `checksum.rs`: a checkpoint's weights checksum, which ties a trained head to its base.
 //! - `gguf.rs`, `weights.rs`: checkpoints from GGUF files and safetensors.
 //! - `plan.rs` (a batch's layout of shared segments), `prefix_cache.rs` (what earlier batches
 //!   computed).
 
 mod batch;
+mod checksum;
 mod config;
 mod decoder;
 mod error;
@@ -49,11 +52,14 @@ mod layers;
 mod model;
 mod plan;
 mod prefix_cache;
+mod trained;
 mod weights;
 
-pub use batch::{Row, Tokens};
+pub use batch::{Row, RowStates, Tokens};
+pub use checksum::checkpoint_sha256;
 pub use config::{ModelConfig, ModelConfigError};
 pub use error::ModelError;
 pub use gguf::Gguf;
 pub use head::HeadSpec;
 pub use model::{CacheStats, PrmModel, Reuse, is_gguf};
+pub use trained::{HEAD_CONFIG, HEAD_WEIGHTS, TrainedKind, TrainedSpec, average_states};

@@ -2,7 +2,7 @@
 //! GGUF file, and its entry points (token ids and the positions to read in, step scores out; a
 //! batch's own run is `batch`'s).
 
-use crate::batch::{Batch, Row};
+use crate::batch::{Batch, Row, RowStates};
 use crate::config::ModelConfig;
 use crate::decoder::Decoder;
 use crate::error::ModelError;
@@ -150,6 +150,15 @@ impl PrmModel {
         self.config.vocab_size
     }
 
+    /// Decoder layers; a tap of `num_layers()` is the state after the final norm.
+    pub fn num_layers(&self) -> usize {
+        self.config.num_hidden_layers
+    }
+
+    pub fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
     /// Scores a batch in one forward pass: row `b` is read at `positions[b]` (in that order), and
     /// its scores in [0, 1] come back in the same order. Rows are packed, not padded (see
     /// `Decoder::run`).
@@ -158,6 +167,38 @@ impl PrmModel {
         batch: &[&[u32]],
         positions: &[&[usize]],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.check_input(batch, positions)?;
+        Ok(self
+            .score_rows(batch, positions)?
+            .into_iter()
+            .map(|r| r.scores)
+            .collect())
+    }
+
+    /// The hidden states of `layers` at each row's `positions`, through the same batching and
+    /// prefix cache as `score_rows`: layer `l` < `num_layers()` is the residual stream after
+    /// decoder layer `l`, `num_layers()` the state after the final norm (what an LM head reads).
+    /// A layer below the last layer's input reuses cached prefixes only up to each row's first
+    /// read (the cache keeps no state of earlier layers).
+    pub fn states(
+        &self,
+        batch: &[&[u32]],
+        positions: &[&[usize]],
+        layers: &[usize],
+    ) -> Result<Vec<RowStates>, ModelError> {
+        self.check_input(batch, positions)?;
+        let n = self.num_layers();
+        if let Some(l) = layers.iter().find(|&&l| l > n) {
+            return Err(ModelError::BadInput(format!(
+                "layer {l} is out of range: the model has {n} decoder layers, so 0..={n} \
+                 ({n} is after the final norm)"
+            )));
+        }
+        self.batch().states(batch, positions, layers)
+    }
+
+    /// That the rows fit the model and the positions their rows.
+    fn check_input(&self, batch: &[&[u32]], positions: &[&[usize]]) -> Result<(), ModelError> {
         if batch.len() != positions.len() {
             return Err(ModelError::BadInput(format!(
                 "{} rows but {} position lists",
@@ -188,11 +229,7 @@ impl PrmModel {
                 )));
             }
         }
-        Ok(self
-            .score_rows(batch, positions)?
-            .into_iter()
-            .map(|r| r.scores)
-            .collect())
+        Ok(())
     }
 
     /// `score`, with each row's tokens computed and reused. With the prefix cache on, each row
@@ -203,14 +240,17 @@ impl PrmModel {
         batch: &[&[u32]],
         positions: &[&[usize]],
     ) -> Result<Vec<Row>, ModelError> {
-        let run = Batch {
+        self.batch().score(batch, positions)
+    }
+
+    fn batch(&self) -> Batch<'_> {
+        Batch {
             decoder: &self.decoder,
             head: &self.head,
             cache: self.cache.as_ref(),
             bytes_per_token: self.cache_bytes_per_token(),
             share: self.share,
-        };
-        run.score(batch, positions)
+        }
     }
 }
 
@@ -282,3 +322,7 @@ fn weight_files(folder: &Path) -> Result<Vec<PathBuf>, ModelError> {
 #[cfg(test)]
 #[path = "model_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "taps_tests.rs"]
+mod taps_tests;

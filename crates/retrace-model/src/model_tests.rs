@@ -13,13 +13,13 @@ const FAMILIES: [&str; 5] = [
     "chat-lm",
 ];
 
-struct Case {
-    ids: Vec<u32>,
-    positions: Vec<usize>,
-    scores: Vec<f64>,
+pub(super) struct Case {
+    pub(super) ids: Vec<u32>,
+    pub(super) positions: Vec<usize>,
+    pub(super) scores: Vec<f64>,
 }
 
-fn fixture(family: &str) -> PathBuf {
+pub(super) fn fixture(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/tiny")
         .join(family)
@@ -30,7 +30,7 @@ fn last_id(tok: &tokenizers::Tokenizer, text: &str) -> u32 {
     *tok.encode(text, false).unwrap().get_ids().last().unwrap()
 }
 
-fn head_for(family: &str) -> HeadSpec {
+pub(super) fn head_for(family: &str) -> HeadSpec {
     match family {
         "qwen2-math-prm" => HeadSpec::QwenScore,
         "skywork-prm" => HeadSpec::ValueHead,
@@ -45,7 +45,7 @@ fn head_for(family: &str) -> HeadSpec {
     }
 }
 
-fn cases(family: &str) -> Vec<Case> {
+pub(super) fn cases(family: &str) -> Vec<Case> {
     let text = std::fs::read_to_string(fixture(family).join("expected.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let nums = |x: &serde_json::Value| {
@@ -518,14 +518,14 @@ fn gguf_load_errors_name_the_file_and_what_is_missing() {
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("not.gguf");
     std::fs::write(&bad, b"GGUF but not really").unwrap();
-    let head = HeadSpec::QwenScore;
-    let e = PrmModel::load(&bad, head, &Device::Cpu, DType::F32)
+    let head = || HeadSpec::QwenScore;
+    let e = PrmModel::load(&bad, head(), &Device::Cpu, DType::F32)
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("not.gguf"), "{e}");
     let missing = dir.join("missing.gguf");
-    let e = PrmModel::load(&missing, head, &Device::Cpu, DType::F32)
+    let e = PrmModel::load(&missing, head(), &Device::Cpu, DType::F32)
         .err()
         .unwrap()
         .to_string();
@@ -536,7 +536,7 @@ fn gguf_load_errors_name_the_file_and_what_is_missing() {
     // A Qwen PRM head asked of a checkpoint without one names the tensor.
     let e = PrmModel::load(
         &fixture("chat-lm").join("model.f32.gguf"),
-        head,
+        head(),
         &Device::Cpu,
         DType::F32,
     )

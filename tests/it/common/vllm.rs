@@ -30,7 +30,7 @@ impl ReferenceScorer {
             .head_spec();
         let model = PrmModel::load(
             folder,
-            head,
+            head.clone(),
             &candle_core::Device::Cpu,
             candle_core::DType::F32,
         )

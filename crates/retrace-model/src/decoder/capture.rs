@@ -1,5 +1,6 @@
-//! What a forward pass copies out for the prefix cache: the keys and values of the segments it
-//! was asked to keep, every layer's, and the last layer's input at their tokens.
+//! What a forward pass copies out: for the prefix cache, the keys and values of the segments it
+//! was asked to keep, every layer's, and the last layer's input at their tokens; for a trained
+//! head (or a trainer), the hidden states of the tapped layers at the reads' rows only.
 
 use crate::plan::Segment;
 use crate::prefix_cache::{Kv, owned};
@@ -61,6 +62,48 @@ impl Capture {
             .zip(self.k.into_iter().zip(self.v))
             .zip(last_in)
             .map(|((&(s, _, _), (k, v)), x)| (s, Kv { k, v, x }))
+            .collect()
+    }
+}
+
+/// The hidden states a pass keeps of the layers `layers` at the reads, each (reads, H) in
+/// group order as the pass produces them (see `ReadOut`), in the order `layers` lists them.
+pub(super) struct Taps {
+    layers: Vec<usize>,
+    got: Vec<Option<Tensor>>,
+}
+
+impl Taps {
+    pub(super) fn new(layers: &[usize]) -> Self {
+        Self {
+            layers: layers.to_vec(),
+            got: vec![None; layers.len()],
+        }
+    }
+
+    pub(super) fn wants(&self, layer: usize) -> bool {
+        self.layers.contains(&layer)
+    }
+
+    /// Keeps `rows` (the reads' rows, in group order) as layer `layer`'s states, wherever
+    /// that layer is asked for.
+    pub(super) fn put(&mut self, layer: usize, rows: &Tensor) {
+        for (l, got) in self.layers.iter().zip(&mut self.got) {
+            if *l == layer {
+                *got = Some(rows.clone());
+            }
+        }
+    }
+
+    /// Every tapped layer's states in row-major read order (`order`, from group order).
+    pub(super) fn into_read_order(self, order: &Tensor) -> Result<Vec<Tensor>> {
+        self.layers
+            .iter()
+            .zip(self.got)
+            .map(|(l, got)| match got {
+                Some(t) => t.index_select(order, 0),
+                None => candle_core::bail!("layer {l} was tapped nowhere in the pass"),
+            })
             .collect()
     }
 }

@@ -9,8 +9,9 @@
 //!
 //! `Decoder::run` goes in stages, each in its own file: the packed stream's ids, positions and
 //! contexts (`stream`), the reads grouped for the last layer (`reads`), every other layer over
-//! the whole stream (`layer`, `attention`), the last layer at the reads, and the keys and values
-//! copied out for the prefix cache (`capture`).
+//! the whole stream (`layer`, `attention`), the last layer at the reads, and what is copied out
+//! (`capture`): keys and values for the prefix cache, and the hidden states of tapped layers
+//! at the reads' rows (a trained head's features), gathered as the stream passes each layer.
 
 mod attention;
 mod capture;
@@ -27,7 +28,7 @@ use crate::prefix_cache::{Hit, Kv};
 use attention::{Angles, Plan, Rope};
 use candle_core::{Device, Module, Result, Tensor};
 use candle_nn::{RmsNorm, VarBuilder};
-use capture::Capture;
+use capture::{Capture, Taps};
 use layer::Layer;
 use reads::{ReadOut, Reads};
 use stream::Stream;
@@ -52,9 +53,11 @@ pub(crate) const QUERY_BLOCK_GPU: usize = 1024;
 pub(crate) type QuantSource<'a> = Option<&'a Gguf>;
 
 /// A forward pass's result: the final normed hidden states at the reads, (reads, H) in row-major
-/// order, and the keys and values of each captured segment (by segment index).
+/// order; the tapped layers' states there, likewise, in the order asked; and the keys and
+/// values of each captured segment (by segment index).
 pub(crate) struct Output {
     pub(crate) hidden: Tensor,
+    pub(crate) taps: Vec<Tensor>,
     pub(crate) captured: Vec<(usize, Kv)>,
 }
 
@@ -93,6 +96,10 @@ impl Decoder {
                 _ => QUERY_BLOCK_GPU,
             },
         })
+    }
+
+    pub(crate) fn n_layers(&self) -> usize {
+        self.layers.len()
     }
 
     /// The input embedding, whose rows a tied LM head reuses.
@@ -144,7 +151,9 @@ impl Decoder {
 
     /// Runs a laid-out batch: the stream through every layer (the last one only at the reads),
     /// attending over cached keys where the layout says; copies out the keys and values of the
-    /// segments named in `capture` for the cache.
+    /// segments named in `capture` for the cache, and the states of the layers `taps` at the
+    /// reads (layer `l` < the layer count: the residual stream after layer `l`; the layer
+    /// count: after the final norm).
     pub(crate) fn run(
         &self,
         rows: &[&[u32]],
@@ -152,19 +161,27 @@ impl Decoder {
         hits: &[Hit],
         layout: &Layout,
         capture: &[usize],
+        taps: &[usize],
     ) -> Result<Output> {
+        let n = self.layers.len();
+        if let Some(l) = taps.iter().find(|&&l| l > n) {
+            candle_core::bail!("layer {l} is out of range: the model has layers 0..={n}")
+        }
         let dev = self.embed_tokens.device();
         let stream = Stream::new(rows, layout, hits);
         let reads = Reads::group(positions, layout)?;
         if reads.is_empty() {
             let (h, dtype) = (self.embed_tokens.hidden_size(), self.embed_tokens.dtype());
+            let none = Tensor::zeros((0, h), dtype, &dev)?;
             return Ok(Output {
-                hidden: Tensor::zeros((0, h), dtype, &dev)?,
+                taps: vec![none.clone(); taps.len()],
+                hidden: none,
                 captured: Vec::new(),
             });
         }
         let rope = self.rope.at(&stream.positions, &dev)?;
         let mut cap = Capture::new(capture, &layout.segments);
+        let mut tapped = Taps::new(taps);
         let (last, full) = self
             .layers
             .split_last()
@@ -173,28 +190,41 @@ impl Decoder {
         // copy from pageable host memory can wait for the kernels queued before it.
         let window = last.window();
         let read_out = ReadOut::new(reads, &stream.seqs, layout, hits, window, &self.rope, &dev)?;
-        let x = self.through(full, &stream, &rope, &mut cap, &dev)?;
+        let pass = Pass {
+            stream: &stream,
+            rope: &rope,
+            read_out: &read_out,
+        };
+        let x = self.through(full, &pass, &mut cap, &mut tapped, &dev)?;
         let xq = read_out.inputs(x.as_ref())?;
+        if let Some(below) = n.checked_sub(2) {
+            tapped.put(below, &xq);
+        }
         let last_in = cap.last_inputs(x.as_ref())?;
         let read =
             last.forward_gathered(full.len(), x.as_ref(), &xq, &read_out, &rope, &mut cap)?;
-        let hidden = self.norm.forward(&read)?.index_select(&read_out.order, 0)?;
+        tapped.put(n - 1, &read);
+        let normed = self.norm.forward(&read)?;
+        tapped.put(n, &normed);
         Ok(Output {
-            hidden,
+            hidden: normed.index_select(&read_out.order, 0)?,
+            taps: tapped.into_read_order(&read_out.order)?,
             captured: cap.into_kv(last_in),
         })
     }
 
     /// Every stream token through the layers `full` (all but the last); `None` when the batch
-    /// computes no token. Each window's chunk plan is uploaded first, then the ids.
+    /// computes no token. Each window's chunk plan is uploaded first, then the ids. A tapped
+    /// layer below the last layer's input keeps its reads' rows as the stream passes it.
     fn through(
         &self,
         full: &[Layer],
-        stream: &Stream,
-        rope: &Angles,
+        pass: &Pass,
         cap: &mut Capture,
+        taps: &mut Taps,
         dev: &Device,
     ) -> Result<Option<Tensor>> {
+        let stream = pass.stream;
         let n = stream.ids.len();
         if n == 0 {
             return Ok(None);
@@ -209,10 +239,21 @@ impl Decoder {
         let ids = Tensor::from_slice(&stream.ids, n, dev)?;
         let mut x = self.embed_tokens.forward(&ids)?;
         for (li, layer) in full.iter().enumerate() {
-            x = layer.forward(li, &x, &stream.seqs, rope, &plans, cap)?;
+            x = layer.forward(li, &x, &stream.seqs, pass.rope, &plans, cap)?;
+            // The last of these is the last layer's input, which `run` takes from its reads.
+            if li + 1 < full.len() && taps.wants(li) {
+                taps.put(li, &pass.read_out.stream_inputs(&x)?);
+            }
         }
         Ok(Some(x))
     }
+}
+
+/// What every stage of one pass reads: the stream, its RoPE rows, and the reads.
+struct Pass<'a, 'b> {
+    stream: &'a Stream<'b>,
+    rope: &'a Angles,
+    read_out: &'a ReadOut<'b>,
 }
 
 /// The input embedding: a GGUF's quantized table when it has one, else the full one.

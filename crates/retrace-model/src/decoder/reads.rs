@@ -200,6 +200,21 @@ impl<'a> ReadOut<'a> {
     }
 }
 
+impl ReadOut<'_> {
+    /// The reads' rows of the stream state `x` after a layer below the last layer's input, in
+    /// group order. Only reads in the stream have one: a cached prefix keeps no layer's state
+    /// but the last layer's input (`Batch` looks up no prefix past a row's first read when a
+    /// head taps deeper).
+    pub(super) fn stream_inputs(&self, x: &Tensor) -> Result<Tensor> {
+        match (&self.stream_rows, self.cached_x.is_empty()) {
+            (Some(idx), true) => x.index_select(idx, 0),
+            _ => candle_core::bail!(
+                "a read inside a cached prefix has no hidden state below the last layer's input"
+            ),
+        }
+    }
+}
+
 /// The cached last-layer input of position `p` of a row whose cached prefix is `hit`, (1, H).
 fn cached_input(hit: &Hit, p: usize) -> Result<Tensor> {
     let piece = hit

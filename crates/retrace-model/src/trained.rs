@@ -1,0 +1,238 @@
+//! A PRM head trained on a frozen base (a head folder's `head.safetensors`, docs/training.md):
+//! the mean of some layers' hidden states at each read, standardised, through a logistic or
+//! one-hidden-layer MLP step head, and an optional category head on the same features.
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::head::Reading;
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::Linear;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The weights file of a head folder.
+pub const HEAD_WEIGHTS: &str = "head.safetensors";
+/// The config file of a head folder, which errors about the spec name.
+pub const HEAD_CONFIG: &str = "config.json";
+
+/// What a head folder's config says of its head, as the model needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrainedSpec {
+    /// The head folder: the weights are its `head.safetensors`.
+    pub dir: PathBuf,
+    /// The layers averaged into the feature: `l` < the base's layer count is the residual
+    /// stream after decoder layer `l`; the layer count is after the final norm.
+    pub layers: Vec<usize>,
+    /// The base's hidden size the head was trained on.
+    pub hidden_size: usize,
+    pub kind: TrainedKind,
+    /// Rows of the category head; 0 when it has none.
+    pub categories: usize,
+}
+
+/// The step head's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrainedKind {
+    /// p = sigmoid(x · w + b).
+    Logistic,
+    /// p = sigmoid(W2 relu(W1 x + b1) + b2), W1 with `hidden` rows.
+    Mlp { hidden: usize },
+}
+
+pub(crate) struct Trained {
+    layers: Vec<usize>,
+    /// (1, H) each: x = (f - mean) / scale.
+    mean: Tensor,
+    scale: Tensor,
+    step: Step,
+    category: Option<Linear>,
+}
+
+enum Step {
+    Logistic(Linear),
+    Mlp { l0: Linear, l2: Linear },
+}
+
+/// A head file's tensors, each checked for its shape as it is taken.
+struct Weights<'a> {
+    path: &'a Path,
+    tensors: HashMap<String, Tensor>,
+    dev: &'a Device,
+}
+
+impl Weights<'_> {
+    fn get(&self, name: &str, shape: &[usize], what: &str) -> Result<Tensor, ModelError> {
+        let bad = |reason: String| ModelError::Head {
+            path: self.path.to_path_buf(),
+            reason,
+        };
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| bad(format!("missing tensor {name}")))?;
+        if t.dims() != shape {
+            return Err(bad(format!(
+                "{name} has shape {:?}, expected {shape:?} ({what})",
+                t.dims()
+            )));
+        }
+        let t = t.to_dtype(DType::F32)?;
+        let values = t.flatten_all()?.to_vec1::<f32>()?;
+        if values.iter().any(|v| !v.is_finite()) {
+            return Err(bad(format!("{name} holds a value that is not finite")));
+        }
+        Ok(t.to_device(self.dev)?)
+    }
+
+    fn linear(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        what: &str,
+    ) -> Result<Linear, ModelError> {
+        let w = self.get(&format!("{name}.weight"), &[rows, cols], what)?;
+        let b = self.get(&format!("{name}.bias"), &[rows], what)?;
+        Ok(Linear::new(w, Some(b)))
+    }
+}
+
+impl Trained {
+    /// Loads `spec`'s weights for a base configured as `cfg`, onto `dev`.
+    pub(crate) fn load(
+        spec: &TrainedSpec,
+        cfg: &ModelConfig,
+        dev: &Device,
+    ) -> Result<Self, ModelError> {
+        check_spec(spec, cfg)?;
+        let path = spec.dir.join(HEAD_WEIGHTS);
+        if !path.is_file() {
+            return Err(ModelError::MissingFile(path));
+        }
+        let tensors =
+            candle_core::safetensors::load(&path, &Device::Cpu).map_err(|e| ModelError::Head {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        let w = Weights {
+            path: &path,
+            tensors,
+            dev,
+        };
+        let h = spec.hidden_size;
+        let base = "the base's hidden size";
+        let mean = w.get("norm.mean", &[h], base)?.reshape((1, h))?;
+        let scale = w.get("norm.scale", &[h], base)?;
+        if scale.flatten_all()?.to_vec1::<f32>()?.contains(&0.0) {
+            return Err(ModelError::Head {
+                path: path.clone(),
+                reason: "norm.scale holds a zero: the features cannot be standardised".into(),
+            });
+        }
+        let step = match spec.kind {
+            TrainedKind::Logistic => Step::Logistic(w.linear("step", 1, h, base)?),
+            TrainedKind::Mlp { hidden } => Step::Mlp {
+                l0: w.linear("step.0", hidden, h, "mlp_hidden by the base's hidden size")?,
+                l2: w.linear("step.2", 1, hidden, "mlp_hidden")?,
+            },
+        };
+        let category = match spec.categories {
+            0 => None,
+            k => Some(w.linear("category", k, h, "the categories by the hidden size")?),
+        };
+        Ok(Self {
+            layers: spec.layers.clone(),
+            mean,
+            scale: scale.reshape((1, h))?,
+            step,
+            category,
+        })
+    }
+
+    pub(crate) fn layers(&self) -> &[usize] {
+        &self.layers
+    }
+
+    /// The head over the tapped layers' states (`taps`, (reads, H) each, in `layers` order).
+    pub(crate) fn read(&self, taps: &[Tensor]) -> candle_core::Result<Reading> {
+        let x = average(taps)?
+            .broadcast_sub(&self.mean)?
+            .broadcast_div(&self.scale)?;
+        let z = match &self.step {
+            Step::Logistic(l) => l.forward(&x)?,
+            Step::Mlp { l0, l2 } => l2.forward(&l0.forward(&x)?.relu()?)?,
+        };
+        let scores = candle_nn::ops::sigmoid(&z)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let categories = match &self.category {
+            Some(c) => candle_nn::ops::softmax_last_dim(&c.forward(&x)?)?.to_vec2::<f32>()?,
+            None => Vec::new(),
+        };
+        Ok(Reading { scores, categories })
+    }
+}
+
+/// The feature: the layers' states summed in f32 in order, then divided by their count.
+fn average(taps: &[Tensor]) -> candle_core::Result<Tensor> {
+    let (first, rest) = taps
+        .split_first()
+        .ok_or_else(|| candle_core::Error::Msg("a trained head taps no layer".into()))?;
+    let mut sum = first.to_dtype(DType::F32)?;
+    for t in rest {
+        sum = (sum + t.to_dtype(DType::F32)?)?;
+    }
+    sum / taps.len() as f64
+}
+
+/// The feature of one read from its layers' states (the same arithmetic as the served head's):
+/// what a trainer computes from `PrmModel::states`.
+pub fn average_states(states: &[&[f32]]) -> Vec<f32> {
+    let Some((first, rest)) = states.split_first() else {
+        return Vec::new();
+    };
+    let mut sum = first.to_vec();
+    for s in rest {
+        for (a, b) in sum.iter_mut().zip(s.iter()) {
+            *a += b;
+        }
+    }
+    // candle divides a tensor by a scalar as a multiply by its inverse.
+    let inv = (1.0 / states.len() as f64) as f32;
+    sum.iter().map(|v| v * inv).collect()
+}
+
+/// The spec against the base: layers in range, the hidden size the head was trained on.
+fn check_spec(spec: &TrainedSpec, cfg: &ModelConfig) -> Result<(), ModelError> {
+    let bad = |key: &str, reason: String| ModelError::BadConfig {
+        path: spec.dir.join(HEAD_CONFIG),
+        key: key.into(),
+        reason,
+    };
+    let n = cfg.num_hidden_layers;
+    if spec.layers.is_empty() {
+        return Err(bad("layers", "lists no layer".into()));
+    }
+    if let Some(l) = spec.layers.iter().find(|&&l| l > n) {
+        return Err(bad(
+            "layers",
+            format!(
+                "layer {l} is out of range: the base has {n} decoder layers, so 0..={n} \
+                 ({n} is after the final norm)"
+            ),
+        ));
+    }
+    if spec.hidden_size != cfg.hidden_size {
+        return Err(bad(
+            "hidden_size",
+            format!(
+                "is {}, but the base's hidden size is {}",
+                spec.hidden_size, cfg.hidden_size
+            ),
+        ));
+    }
+    if let TrainedKind::Mlp { hidden: 0 } = spec.kind {
+        return Err(bad("mlp_hidden", "must be at least 1".into()));
+    }
+    Ok(())
+}
