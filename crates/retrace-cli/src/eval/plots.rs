@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use retrace::trace::ErrorCategory;
 use std::collections::BTreeMap;
 
-pub(crate) type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 pub(crate) type PlotResult = Result<(), Box<dyn std::error::Error>>;
 
 pub(crate) const SPLIT_COLORS: [RGBColor; 6] = [

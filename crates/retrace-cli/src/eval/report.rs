@@ -43,7 +43,7 @@ pub(crate) struct Section {
     pub plots: Vec<String>,
 }
 
-pub(crate) fn pct(v: Option<f64>) -> String {
+fn pct(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".into(), |v| format!("{v:.1}"))
 }
 

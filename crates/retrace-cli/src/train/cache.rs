@@ -18,14 +18,14 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Key {
     /// This program's version: extraction may change between versions.
-    pub retrace: String,
-    pub base_sha256: String,
-    pub format: String,
+    pub(crate) retrace: String,
+    pub(crate) base_sha256: String,
+    pub(crate) format: String,
     /// Each tap's layers, in order.
-    pub taps: Vec<Vec<usize>>,
+    pub(crate) taps: Vec<Vec<usize>>,
     /// The device kind and dtype the base ran in ("cpu f32").
-    pub precision: String,
-    pub file_sha256: String,
+    pub(crate) precision: String,
+    pub(crate) file_sha256: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -41,14 +41,14 @@ struct Index {
 /// One file's features: one (total steps, H) matrix per tap, rows in file and step order.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
-    pub steps: Vec<usize>,
-    pub taps: Vec<Tensor>,
+    pub(crate) steps: Vec<usize>,
+    pub(crate) taps: Vec<Tensor>,
 }
 
 /// A folder of entries.
 #[derive(Debug, Clone)]
 pub(crate) struct FeatureCache {
-    pub dir: PathBuf,
+    pub(crate) dir: PathBuf,
 }
 
 impl Key {
@@ -63,7 +63,10 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> TrainError {
 }
 
 /// Writes `bytes` to `path` by way of a temporary file beside it.
-fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<(), TrainError>) -> Result<(), TrainError> {
+fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&Path) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
     let result = write(&tmp).and_then(|()| {
         std::fs::rename(&tmp, path).map_err(io(format!("renaming {}", tmp.display())))
@@ -85,7 +88,7 @@ impl FeatureCache {
 
     /// The entry for `key` whose rows have exactly `steps` steps; None when there is none or
     /// it does not match (then it is recomputed and replaced).
-    pub fn get(&self, key: &Key, steps: &[usize]) -> Option<Entry> {
+    pub(crate) fn get(&self, key: &Key, steps: &[usize]) -> Option<Entry> {
         let (data, index) = self.paths(key);
         let index: Index = serde_json::from_slice(&std::fs::read(index).ok()?).ok()?;
         if index.key != *key || index.steps != steps {
@@ -107,9 +110,11 @@ impl FeatureCache {
     }
 
     /// Stores `entry` under `key`: the data, then the index that makes it visible.
-    pub fn put(&self, key: &Key, file: &Path, entry: &Entry) -> Result<(), TrainError> {
-        std::fs::create_dir_all(&self.dir)
-            .map_err(io(format!("creating the feature cache {}", self.dir.display())))?;
+    pub(crate) fn put(&self, key: &Key, file: &Path, entry: &Entry) -> Result<(), TrainError> {
+        std::fs::create_dir_all(&self.dir).map_err(io(format!(
+            "creating the feature cache {}",
+            self.dir.display()
+        )))?;
         let (data, index) = self.paths(key);
         let tensors: HashMap<String, Tensor> = entry
             .taps
@@ -117,8 +122,13 @@ impl FeatureCache {
             .enumerate()
             .map(|(i, t)| (format!("tap.{i}"), t.clone()))
             .collect();
-        write_atomic(&data, |tmp| Ok(candle_core::safetensors::save(&tensors, tmp)?))?;
-        let hidden_size = entry.taps.first().map_or(0, |t| t.dims().get(1).copied().unwrap_or(0));
+        write_atomic(&data, |tmp| {
+            Ok(candle_core::safetensors::save(&tensors, tmp)?)
+        })?;
+        let hidden_size = entry
+            .taps
+            .first()
+            .map_or(0, |t| t.dims().get(1).copied().unwrap_or(0));
         let json = serde_json::to_vec_pretty(&Index {
             key: key.clone(),
             file: file.display().to_string(),
@@ -161,7 +171,9 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let cache = FeatureCache { dir: dir.clone() };
         assert!(cache.get(&key("f"), &[2, 3]).is_none());
-        cache.put(&key("f"), Path::new("d.jsonl"), &entry()).unwrap();
+        cache
+            .put(&key("f"), Path::new("d.jsonl"), &entry())
+            .unwrap();
         let got = cache.get(&key("f"), &[2, 3]).unwrap();
         assert_eq!(got.taps[1].to_vec2::<f32>().unwrap()[4], [2.0; 3]);
         assert!(cache.get(&key("f"), &[3, 2]).is_none(), "other step counts");
@@ -171,7 +183,9 @@ mod tests {
         let (data, _) = cache.paths(&key("f"));
         std::fs::write(&data, b"not safetensors").unwrap();
         assert!(cache.get(&key("f"), &[2, 3]).is_none());
-        cache.put(&key("f"), Path::new("d.jsonl"), &entry()).unwrap();
+        cache
+            .put(&key("f"), Path::new("d.jsonl"), &entry())
+            .unwrap();
         assert!(cache.get(&key("f"), &[2, 3]).is_some());
         let names: Vec<String> = std::fs::read_dir(&dir)
             .unwrap()

@@ -5,9 +5,7 @@
 use super::fit::{Fitted, Params};
 use super::head::{Head, HeadKind, Standardiser};
 use super::progress::Progress;
-use super::select::{
-    Problem, StepFit, categories_at, category_classes, fit_category, fit_step,
-};
+use super::select::{Problem, StepFit, categories_at, category_classes, fit_category, fit_step};
 use super::taps::Tap;
 use crate::eval::{Curve, ThresholdChoice, sweep};
 use candle_core::{Result, Tensor};
@@ -15,56 +13,56 @@ use retrace::trace::ErrorCategory;
 
 /// One candidate tap's features: a row per step of every trace, in trace order.
 pub(crate) struct Candidate {
-    pub tap: Tap,
-    pub rows: Tensor,
+    pub(crate) tap: Tap,
+    pub(crate) rows: Tensor,
 }
 
 /// What to try.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Settings {
-    pub params: Params,
+    pub(crate) params: Params,
     /// The MLP's hidden width; 0: no MLP is tried.
-    pub mlp_hidden: usize,
+    pub(crate) mlp_hidden: usize,
     /// F1 points by which the MLP must beat the logistic head on dev to be kept.
-    pub mlp_margin: f64,
+    pub(crate) mlp_margin: f64,
 }
 
 /// Everything decided, with what it was decided on.
 pub(crate) struct Outcome {
     /// A logistic head per candidate tap, in the order given.
-    pub taps: Vec<(Tap, StepFit)>,
-    pub winner: usize,
+    pub(crate) taps: Vec<(Tap, StepFit)>,
+    pub(crate) winner: usize,
     /// The MLP tried on the winning tap.
-    pub mlp: Option<StepFit>,
-    pub use_mlp: bool,
+    pub(crate) mlp: Option<StepFit>,
+    pub(crate) use_mlp: bool,
     /// Dev's threshold curve for the kept head, and its best point.
-    pub curve: Curve,
-    pub threshold: ThresholdChoice,
+    pub(crate) curve: Curve,
+    pub(crate) threshold: ThresholdChoice,
     /// The kept head's P(correct) at every feature row, as a server computes it.
-    pub probs: Vec<f32>,
-    pub category: Option<Fitted>,
+    pub(crate) probs: Vec<f32>,
+    pub(crate) category: Option<Fitted>,
     /// The category head's choice at every feature row.
-    pub categories: Option<Vec<ErrorCategory>>,
+    pub(crate) categories: Option<Vec<ErrorCategory>>,
 }
 
 impl Outcome {
     /// The step head kept.
-    pub fn step(&self) -> &StepFit {
+    pub(crate) fn step(&self) -> &StepFit {
         match (&self.mlp, self.use_mlp) {
             (Some(m), true) => m,
             _ => &self.taps[self.winner].1,
         }
     }
 
-    pub fn tap(&self) -> &Tap {
+    pub(crate) fn tap(&self) -> &Tap {
         &self.taps[self.winner].0
     }
 
-    pub fn norm(&self) -> &Standardiser {
+    pub(crate) fn norm(&self) -> &Standardiser {
         &self.step().norm
     }
 
-    pub fn head(&self) -> &Head {
+    pub(crate) fn head(&self) -> &Head {
         &self.step().fitted.head
     }
 }

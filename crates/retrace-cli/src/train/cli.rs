@@ -111,18 +111,22 @@ impl TrainOptions {
             ))
         })?;
         if format == Family::Head {
-            return usage("--format head: name the format of the base the head reads, e.g. chat-lm");
+            return usage(
+                "--format head: name the format of the base the head reads, e.g. chat-lm",
+            );
         }
         if self.epochs == 0 || self.batch_size == 0 {
             return usage("--epochs and --batch-size must be at least 1");
         }
-        if !(self.lr > 0.0 && self.lr.is_finite()) || !(self.weight_decay >= 0.0) {
+        let positive = |v: f64| v > 0.0 && v.is_finite();
+        let not_negative = |v: f64| v == 0.0 || positive(v);
+        if !positive(self.lr) || !not_negative(self.weight_decay) {
             return usage("--lr must be positive and --weight-decay not negative");
         }
-        if !(self.dev_share > 0.0 && self.dev_share < 1.0) {
+        if !positive(self.dev_share) || self.dev_share >= 1.0 {
             return usage("--dev-share must lie strictly between 0 and 1");
         }
-        if !(self.mlp_margin >= 0.0) {
+        if !not_negative(self.mlp_margin) {
             return usage("--mlp-margin must not be negative");
         }
         let params = Params {
@@ -179,7 +183,11 @@ impl Split {
             .collect();
         for &i in side {
             let t = self.trace(i);
-            let at = if i < self.data.traces.len() { t.file } else { n + t.file };
+            let at = if i < self.data.traces.len() {
+                t.file
+            } else {
+                n + t.file
+            };
             files[at].rows += 1;
         }
         files.retain(|f| f.rows > 0);
@@ -204,8 +212,7 @@ fn split(opts: &TrainOptions) -> Result<Split, TrainError> {
     let (train, dev) = data::hold_out(&data.traces, opts.dev_share, opts.seed);
     if train.is_empty() || dev.is_empty() {
         return Err(TrainError::Usage(
-            "--data holds too few distinct questions to hold out a dev share; give --dev"
-                .into(),
+            "--data holds too few distinct questions to hold out a dev share; give --dev".into(),
         ));
     }
     Ok(Split {

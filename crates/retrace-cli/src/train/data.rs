@@ -7,7 +7,6 @@ use super::checksum::file_sha256;
 use crate::eval::{DataError, Record, read_records};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
-use retrace::trace::ErrorCategory;
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -15,36 +14,36 @@ use std::path::PathBuf;
 /// One labelled trace, its steps as the server sees them.
 #[derive(Debug, Clone)]
 pub(crate) struct Labelled {
-    pub record: Record,
+    pub(crate) record: Record,
     /// Index into the files it was read from, and the line it starts on.
-    pub file: usize,
-    pub line: usize,
+    pub(crate) file: usize,
+    pub(crate) line: usize,
     /// `record.steps`, or the server's segmentation of `record.text`.
-    pub steps: Vec<String>,
+    pub(crate) steps: Vec<String>,
 }
 
 /// A data file as the head's config records it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub(crate) struct DataFile {
-    pub path: PathBuf,
-    pub sha256: String,
-    pub rows: usize,
+    pub(crate) path: PathBuf,
+    pub(crate) sha256: String,
+    pub(crate) rows: usize,
 }
 
 /// Step and trace counts of a training set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub(crate) struct LabelCounts {
-    pub correct_steps: usize,
-    pub wrong_steps: usize,
-    pub traces: usize,
-    pub all_correct_traces: usize,
+    pub(crate) correct_steps: usize,
+    pub(crate) wrong_steps: usize,
+    pub(crate) traces: usize,
+    pub(crate) all_correct_traces: usize,
 }
 
 /// The traces of some files, in file order.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Dataset {
-    pub files: Vec<DataFile>,
-    pub traces: Vec<Labelled>,
+    pub(crate) files: Vec<DataFile>,
+    pub(crate) traces: Vec<Labelled>,
 }
 
 /// What the step head is trained to say about a step.
@@ -68,18 +67,12 @@ pub(crate) fn targets(label: i32, len: usize) -> impl Iterator<Item = Target> {
 
 impl Labelled {
     /// Each step's target, in order.
-    pub fn targets(&self) -> impl Iterator<Item = Target> {
+    pub(crate) fn targets(&self) -> impl Iterator<Item = Target> {
         targets(self.record.label, self.steps.len())
     }
 
-    /// The category the category head learns at this trace's first wrong step (or, for an
-    /// all-correct trace, at its correct steps): from the data, when it carries one.
-    pub fn category(&self) -> Option<ErrorCategory> {
-        self.record.category
-    }
-
     /// The question as the split compares it.
-    pub fn question_key(&self) -> String {
+    pub(crate) fn question_key(&self) -> String {
         normalise_question(&self.record.question)
     }
 }
@@ -125,7 +118,11 @@ pub(crate) fn read(paths: &[PathBuf]) -> Result<Dataset, TrainError> {
     Ok(out)
 }
 
-fn steps_of(record: &Record, path: &std::path::Path, line: usize) -> Result<Vec<String>, TrainError> {
+fn steps_of(
+    record: &Record,
+    path: &std::path::Path,
+    line: usize,
+) -> Result<Vec<String>, TrainError> {
     if !record.steps.is_empty() {
         return Ok(record.steps.clone());
     }

@@ -3,25 +3,26 @@
 
 use super::TrainError;
 use super::cache::{Entry, FeatureCache, Key};
-use super::data::Dataset;
+use super::data::{Dataset, Labelled};
 use super::progress::Progress;
 use super::taps::Tap;
+use crate::eval::DataError;
 use candle_core::{Device, Tensor};
+use retrace::prm::features::{ExtractError, Extractor};
 use retrace::prm::format::Family;
-use retrace::prm::features::Extractor;
 use retrace::prm::{Backend, CandleConfig, DeviceSpec, Dtype, PrmConfig};
 use retrace::trace::{Step, Trace};
 use std::path::{Path, PathBuf};
 
 /// The base, loaded, with what ties features to it.
 pub(crate) struct Base {
-    pub extractor: Extractor,
+    pub(crate) extractor: Extractor,
     /// The checkpoint, absolute.
-    pub path: PathBuf,
-    pub sha256: String,
-    pub format: Family,
+    pub(crate) path: PathBuf,
+    pub(crate) sha256: String,
+    pub(crate) format: Family,
     /// The device and dtype it runs in, as the cache key records them.
-    pub precision: String,
+    pub(crate) precision: String,
 }
 
 /// Loads `path` with `format`'s formatting on `device` in `dtype` (the server's defaults when
@@ -87,8 +88,7 @@ pub(crate) fn features(
             let entry = match cache.get(&key, &steps) {
                 Some(entry) => entry,
                 None => {
-                    let trace_list: Vec<Trace> = traces.iter().map(|t| trace_of(t)).collect();
-                    let entry = extract(base, taps, &trace_list, &file.path, progress)?;
+                    let entry = extract(base, taps, &traces, &file.path, progress)?;
                     cache.put(&key, &file.path, &entry)?;
                     entry
                 }
@@ -98,15 +98,12 @@ pub(crate) fn features(
             }
         }
     }
-    parts
-        .iter()
-        .map(|p| Ok(Tensor::cat(p, 0)?))
-        .collect()
+    parts.iter().map(|p| Ok(Tensor::cat(p, 0)?)).collect()
 }
 
 /// The trace a server would build from a labelled row, reference-free (a head is trained for
 /// the mode a trainer has online).
-fn trace_of(t: &super::data::Labelled) -> Trace {
+fn trace_of(t: &Labelled) -> Trace {
     Trace {
         question: t.record.question.clone(),
         options: t.record.options.clone(),
@@ -122,14 +119,16 @@ fn trace_of(t: &super::data::Labelled) -> Trace {
     }
 }
 
-/// One file's traces through the base, with a progress bar.
+/// One file's traces through the base, with a progress bar; a trace the base cannot take is an
+/// error naming its file and line.
 fn extract(
     base: &Base,
     taps: &[Tap],
-    traces: &[Trace],
+    labelled: &[&Labelled],
     file: &Path,
     progress: &Progress,
 ) -> Result<Entry, TrainError> {
+    let traces: Vec<Trace> = labelled.iter().map(|t| trace_of(t)).collect();
     let layers: Vec<Vec<usize>> = taps.iter().map(|t| t.layers.clone()).collect();
     let h = base.extractor.hidden_size();
     let bar = progress.extraction(&file.display().to_string(), traces.len());
@@ -137,7 +136,7 @@ fn extract(
     let mut steps = Vec::with_capacity(traces.len());
     base.extractor
         .extract_each(
-            traces,
+            &traces,
             &layers,
             |_, f| {
                 steps.push(f.steps.len());
@@ -149,7 +148,7 @@ fn extract(
             },
             |p| bar.set_position(p.traces_done as u64),
         )
-        .map_err(|e| TrainError::Usage(format!("extracting the features of {}: {e}", file.display())))?;
+        .map_err(|e| extract_error(e, labelled, file))?;
     bar.finish();
     let rows: usize = steps.iter().sum();
     let taps = flat
@@ -157,4 +156,27 @@ fn extract(
         .map(|v| Tensor::from_vec(v, (rows, h), &Device::Cpu))
         .collect::<candle_core::Result<Vec<_>>>()?;
     Ok(Entry { steps, taps })
+}
+
+fn extract_error(e: ExtractError, labelled: &[&Labelled], file: &Path) -> TrainError {
+    let at = |index: usize, message: String| match labelled.get(index) {
+        Some(t) => TrainError::Data(DataError {
+            file: file.display().to_string(),
+            line: t.line,
+            message: format!(
+                "row {:?}: {message} (drop the row to train on the rest)",
+                t.record.id
+            ),
+            fatal: false,
+        }),
+        None => TrainError::Usage(format!("extracting {}: {message}", file.display())),
+    };
+    match e {
+        ExtractError::Format { index, error } => at(index, error.to_string()),
+        ExtractError::Trace { index, message } => at(index, message),
+        e => TrainError::Usage(format!(
+            "extracting the features of {}: {e}",
+            file.display()
+        )),
+    }
 }

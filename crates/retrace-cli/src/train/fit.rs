@@ -11,13 +11,13 @@ use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
 /// How to train.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Params {
-    pub epochs: usize,
+    pub(crate) epochs: usize,
     /// Stop after this many epochs without a better dev score.
-    pub patience: usize,
-    pub lr: f64,
-    pub weight_decay: f64,
-    pub batch_size: usize,
-    pub seed: u64,
+    pub(crate) patience: usize,
+    pub(crate) lr: f64,
+    pub(crate) weight_decay: f64,
+    pub(crate) batch_size: usize,
+    pub(crate) seed: u64,
 }
 
 /// What the loss compares the logits with.
@@ -32,20 +32,20 @@ pub(crate) enum Loss {
 /// The rows a head trains on: indices into the feature matrix, a target and a weight each.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Examples {
-    pub rows: Vec<u32>,
-    pub targets: Vec<u32>,
-    pub weights: Vec<f32>,
+    pub(crate) rows: Vec<u32>,
+    pub(crate) targets: Vec<u32>,
+    pub(crate) weights: Vec<f32>,
 }
 
 /// One epoch's record. Scores are percentages (F1 for a step head).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Epoch {
-    pub epoch: usize,
+    pub(crate) epoch: usize,
     /// The mean training loss over the epoch's batches, and the loss on dev's examples after it.
-    pub loss: f64,
-    pub dev_loss: f64,
-    pub train: f64,
-    pub dev: f64,
+    pub(crate) loss: f64,
+    pub(crate) dev_loss: f64,
+    pub(crate) train: f64,
+    pub(crate) dev: f64,
 }
 
 impl Epoch {
@@ -58,26 +58,26 @@ impl Epoch {
 /// The data a head trains on: features (N, H), the training examples, dev's examples (rows of
 /// the same features), and the loss.
 pub(crate) struct Data<'a> {
-    pub x: &'a Tensor,
-    pub train: &'a Examples,
-    pub dev: &'a Examples,
-    pub loss: Loss,
+    pub(crate) x: &'a Tensor,
+    pub(crate) train: &'a Examples,
+    pub(crate) dev: &'a Examples,
+    pub(crate) loss: Loss,
 }
 
 /// A trained head and how it got there.
 #[derive(Debug)]
 pub(crate) struct Fitted {
     /// The weights of the epoch with the best dev score (the earliest among equals).
-    pub head: Head,
-    pub history: Vec<Epoch>,
+    pub(crate) head: Head,
+    pub(crate) history: Vec<Epoch>,
     /// Index into `history` of that epoch.
-    pub best: usize,
+    pub(crate) best: usize,
 }
 
 impl Examples {
     /// Examples of `targets` (one per row, in row order), each class weighted by
     /// n / (classes present * its count), so every class weighs the same in the loss.
-    pub fn balanced(rows: Vec<u32>, targets: Vec<u32>) -> Examples {
+    pub(crate) fn balanced(rows: Vec<u32>, targets: Vec<u32>) -> Examples {
         let classes = targets.iter().max().map_or(0, |&m| m as usize + 1);
         let mut count = vec![0usize; classes];
         for &t in &targets {
@@ -96,7 +96,7 @@ impl Examples {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.rows.len()
     }
 }
@@ -113,7 +113,9 @@ fn loss(kind: Loss, logits: &Tensor, targets: &Tensor, weights: &Tensor) -> Resu
         }
         Loss::Softmax => {
             let logp = candle_nn::ops::log_softmax(logits, D::Minus1)?;
-            logp.gather(&targets.unsqueeze(1)?, 1)?.flatten_all()?.neg()?
+            logp.gather(&targets.unsqueeze(1)?, 1)?
+                .flatten_all()?
+                .neg()?
         }
     };
     (per_row * weights)?.mean_all()

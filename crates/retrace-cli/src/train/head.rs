@@ -9,8 +9,8 @@ use std::collections::HashMap;
 /// Features are standardised before any head: x = (f - mean) / scale.
 #[derive(Debug, Clone)]
 pub(crate) struct Standardiser {
-    pub mean: Tensor,
-    pub scale: Tensor,
+    pub(crate) mean: Tensor,
+    pub(crate) scale: Tensor,
 }
 
 /// What the step head is.
@@ -23,15 +23,15 @@ pub(crate) enum HeadKind {
 /// A head's weights: each a variable the optimiser moves, under its file name.
 #[derive(Debug, Clone)]
 pub(crate) struct Head {
-    pub kind: HeadKind,
+    pub(crate) kind: HeadKind,
     /// (name in head.safetensors, variable), in a fixed order.
-    pub params: Vec<(String, Var)>,
+    pub(crate) params: Vec<(String, Var)>,
 }
 
 impl Standardiser {
     /// The mean and standard deviation of each column of `rows` (N, H); a constant column
     /// keeps scale 1 (it carries nothing, and dividing by 0 would poison it).
-    pub fn fit(rows: &Tensor) -> Result<Standardiser> {
+    pub(crate) fn fit(rows: &Tensor) -> Result<Standardiser> {
         let mean = rows.mean(0)?;
         let var = rows.broadcast_sub(&mean)?.sqr()?.mean(0)?;
         let std: Vec<f32> = var.sqrt()?.to_vec1()?;
@@ -46,7 +46,7 @@ impl Standardiser {
         })
     }
 
-    pub fn apply(&self, f: &Tensor) -> Result<Tensor> {
+    pub(crate) fn apply(&self, f: &Tensor) -> Result<Tensor> {
         f.broadcast_sub(&self.mean)?.broadcast_div(&self.scale)
     }
 }
@@ -66,10 +66,13 @@ fn zeros(n: usize, device: &Device) -> Result<Var> {
 impl Head {
     /// A step head on `h` features: logistic weights start at zero (the loss is convex); an
     /// MLP's start uniform in +-1/sqrt(fan_in) from `seed`, so a run repeats exactly.
-    pub fn step(kind: HeadKind, h: usize, seed: u64, device: &Device) -> Result<Head> {
+    pub(crate) fn step(kind: HeadKind, h: usize, seed: u64, device: &Device) -> Result<Head> {
         let params = match kind {
             HeadKind::Logistic => vec![
-                ("step.weight".into(), Var::zeros((1, h), DType::F32, device)?),
+                (
+                    "step.weight".into(),
+                    Var::zeros((1, h), DType::F32, device)?,
+                ),
                 ("step.bias".into(), zeros(1, device)?),
             ],
             HeadKind::Mlp { hidden } => {
@@ -77,9 +80,15 @@ impl Head {
                 let b1 = 1.0 / (h as f32).sqrt();
                 let b2 = 1.0 / (hidden as f32).sqrt();
                 vec![
-                    ("step.0.weight".into(), uniform(&mut rng, (hidden, h), b1, device)?),
+                    (
+                        "step.0.weight".into(),
+                        uniform(&mut rng, (hidden, h), b1, device)?,
+                    ),
                     ("step.0.bias".into(), zeros(hidden, device)?),
-                    ("step.2.weight".into(), uniform(&mut rng, (1, hidden), b2, device)?),
+                    (
+                        "step.2.weight".into(),
+                        uniform(&mut rng, (1, hidden), b2, device)?,
+                    ),
                     ("step.2.bias".into(), zeros(1, device)?),
                 ]
             }
@@ -88,7 +97,7 @@ impl Head {
     }
 
     /// A softmax head over `classes` on `h` features, starting at zero.
-    pub fn category(classes: usize, h: usize, device: &Device) -> Result<Head> {
+    pub(crate) fn category(classes: usize, h: usize, device: &Device) -> Result<Head> {
         Ok(Head {
             kind: HeadKind::Logistic,
             params: vec![
@@ -106,7 +115,7 @@ impl Head {
     }
 
     /// Logits for standardised rows `x` (N, H): (N, out), out = 1 for a step head.
-    pub fn logits(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn logits(&self, x: &Tensor) -> Result<Tensor> {
         let linear = |x: &Tensor, w: &Tensor, b: &Tensor| x.matmul(&w.t()?)?.broadcast_add(b);
         match self.kind {
             HeadKind::Logistic => linear(x, self.p(0), self.p(1)),
@@ -118,17 +127,17 @@ impl Head {
     }
 
     /// P(step correct) for raw features `f` (N, H), the way a server computes it.
-    pub fn step_probs(&self, norm: &Standardiser, f: &Tensor) -> Result<Vec<f32>> {
+    pub(crate) fn step_probs(&self, norm: &Standardiser, f: &Tensor) -> Result<Vec<f32>> {
         let z = self.logits(&norm.apply(f)?)?;
         candle_nn::ops::sigmoid(&z)?.flatten_all()?.to_vec1()
     }
 
-    pub fn vars(&self) -> Vec<Var> {
+    pub(crate) fn vars(&self) -> Vec<Var> {
         self.params.iter().map(|(_, v)| v.clone()).collect()
     }
 
     /// A copy of the current weights (the optimiser moves the variables in place).
-    pub fn snapshot(&self) -> Result<Head> {
+    pub(crate) fn snapshot(&self) -> Result<Head> {
         let params = self
             .params
             .iter()
@@ -141,7 +150,7 @@ impl Head {
     }
 
     /// The weights under their file names.
-    pub fn tensors(&self) -> HashMap<String, Tensor> {
+    pub(crate) fn tensors(&self) -> HashMap<String, Tensor> {
         self.params
             .iter()
             .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
@@ -177,7 +186,12 @@ mod tests {
         let names: Vec<_> = a.params.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
-            ["step.0.weight", "step.0.bias", "step.2.weight", "step.2.bias"]
+            [
+                "step.0.weight",
+                "step.0.bias",
+                "step.2.weight",
+                "step.2.bias"
+            ]
         );
     }
 }

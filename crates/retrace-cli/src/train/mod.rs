@@ -10,7 +10,9 @@
 mod cache;
 mod checksum;
 mod choose;
+mod cli;
 mod data;
+mod extract;
 mod fit;
 mod head;
 mod output;
@@ -20,6 +22,8 @@ mod select;
 mod taps;
 #[cfg(test)]
 mod tests;
+
+pub use cli::{TrainOptions, Trained, train_head};
 
 use crate::eval::DataError;
 

@@ -15,26 +15,26 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 /// `config.json`, as the serving side reads it.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct HeadConfig {
-    pub retrace_head: u32,
+    pub(crate) retrace_head: u32,
     /// The base checkpoint, absolute, so it resolves from the head folder wherever it is run.
-    pub base: PathBuf,
-    pub base_sha256: String,
-    pub format: String,
-    pub layers: Vec<usize>,
-    pub hidden_size: usize,
+    pub(crate) base: PathBuf,
+    pub(crate) base_sha256: String,
+    pub(crate) format: String,
+    pub(crate) layers: Vec<usize>,
+    pub(crate) hidden_size: usize,
     /// "logistic" or "mlp".
-    pub head: &'static str,
+    pub(crate) head: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub mlp_hidden: Option<usize>,
-    pub threshold: f32,
-    pub categories: Option<Vec<&'static str>>,
-    pub label_counts: LabelCounts,
+    pub(crate) mlp_hidden: Option<usize>,
+    pub(crate) threshold: f32,
+    pub(crate) categories: Option<Vec<&'static str>>,
+    pub(crate) label_counts: LabelCounts,
     /// Each file with the rows of it that went to this side (all of them, unless dev was held
     /// out of `--data`).
-    pub data: Vec<DataFile>,
-    pub dev: Vec<DataFile>,
-    pub seed: u64,
-    pub dev_f1: f64,
+    pub(crate) data: Vec<DataFile>,
+    pub(crate) dev: Vec<DataFile>,
+    pub(crate) seed: u64,
+    pub(crate) dev_f1: f64,
 }
 
 /// A file of the head folder.
@@ -101,8 +101,9 @@ fn fill(tmp: &Path, files: &[(&str, Content)]) -> Result<(), TrainError> {
     for (name, content) in files {
         let path = tmp.join(name);
         match content {
-            Content::Text(text) => std::fs::write(&path, text)
-                .map_err(io(format!("writing {}", path.display())))?,
+            Content::Text(text) => {
+                std::fs::write(&path, text).map_err(io(format!("writing {}", path.display())))?
+            }
             Content::Tensors(tensors) => candle_core::safetensors::save(tensors, &path)?,
         }
     }
@@ -120,7 +121,11 @@ fn swap(tmp: &Path, out: &Path) -> Result<(), TrainError> {
         if let Some(old) = &old {
             let _ = std::fs::rename(old, out);
         }
-        return Err(io(format!("renaming {} to {}", tmp.display(), out.display()))(e));
+        return Err(io(format!(
+            "renaming {} to {}",
+            tmp.display(),
+            out.display()
+        ))(e));
     }
     if let Some(old) = &old {
         let _ = std::fs::remove_dir_all(old);

@@ -6,7 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// Makes the bars, or hidden ones (`--no-progress`, tests).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Progress {
-    pub shown: bool,
+    pub(crate) shown: bool,
 }
 
 fn bar(total: u64, shown: bool, template: &str) -> ProgressBar {
@@ -20,7 +20,7 @@ fn bar(total: u64, shown: bool, template: &str) -> ProgressBar {
 
 impl Progress {
     /// A bar over the traces of one data file.
-    pub fn extraction(&self, file: &str, traces: usize) -> ProgressBar {
+    pub(crate) fn extraction(&self, file: &str, traces: usize) -> ProgressBar {
         let b = bar(
             traces as u64,
             self.shown,
@@ -31,7 +31,7 @@ impl Progress {
     }
 
     /// A bar over the epochs of one head; `epoch` moves it and shows the scores.
-    pub fn training(&self, what: &str, epochs: usize) -> EpochBar {
+    pub(crate) fn training(&self, what: &str, epochs: usize) -> EpochBar {
         let b = bar(
             epochs as u64,
             self.shown,
@@ -46,7 +46,7 @@ impl Progress {
 pub(crate) struct EpochBar(ProgressBar);
 
 impl EpochBar {
-    pub fn epoch(&self, e: &Epoch) {
+    pub(crate) fn epoch(&self, e: &Epoch) {
         self.0.set_position(e.epoch as u64);
         self.0.set_message(format!(
             "loss {:.4}  train {:.1}  dev {:.1}",

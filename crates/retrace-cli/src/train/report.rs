@@ -7,8 +7,8 @@ use super::fit::Epoch;
 use super::output::HeadConfig;
 use crate::eval::Analysis;
 use crate::eval::style::{
-    PlotResult, SPLIT_COLORS, Section, Table, categories_section, html, markdown,
-    metric_section, section, svg, table, threshold_curve,
+    PlotResult, SPLIT_COLORS, Section, Table, categories_section, html, markdown, metric_section,
+    section, svg, table, threshold_curve,
 };
 use plotters::prelude::*;
 
@@ -25,8 +25,7 @@ pub(crate) fn render(config: &HeadConfig, out: &Outcome, dev: &Analysis) -> (Str
         let mut s = categories_section(c);
         s.text.insert(
             0,
-            "The category is the category head's choice at the predicted first wrong step."
-                .into(),
+            "The category is the category head's choice at the predicted first wrong step.".into(),
         );
         sections.push(s);
     }
@@ -99,7 +98,14 @@ fn taps_section(out: &Outcome) -> Section {
         })
         .collect();
     s.tables.push(table(
-        &["tap", "layers", "dev F1", "train F1", "best epoch", "epochs run"],
+        &[
+            "tap",
+            "layers",
+            "dev F1",
+            "train F1",
+            "best epoch",
+            "epochs run",
+        ],
         rows,
     ));
     s
@@ -108,7 +114,11 @@ fn taps_section(out: &Outcome) -> Section {
 fn head_section(out: &Outcome) -> Section {
     let mut s = section("Step head");
     let logistic = out.taps[out.winner].1.dev_f1;
-    let mut rows = vec![vec!["logistic".into(), f1(logistic), (!out.use_mlp).to_string()]];
+    let mut rows = vec![vec![
+        "logistic".into(),
+        f1(logistic),
+        (!out.use_mlp).to_string(),
+    ]];
     match &out.mlp {
         Some(m) => {
             s.text.push(format!(
@@ -121,8 +131,7 @@ fn head_section(out: &Outcome) -> Section {
         }
         None => s.text.push("No MLP was tried (--mlp-hidden 0).".into()),
     }
-    s.tables
-        .push(table(&["head", "dev F1", "kept"], rows));
+    s.tables.push(table(&["head", "dev F1", "kept"], rows));
     s
 }
 
@@ -164,7 +173,10 @@ fn epoch_table(history: &[Epoch], best: usize) -> Table {
             ]
         })
         .collect();
-    table(&["epoch", "train loss", "dev loss", "train F1", "dev F1"], rows)
+    table(
+        &["epoch", "train loss", "dev loss", "train F1", "dev F1"],
+        rows,
+    )
 }
 
 fn threshold_section(out: &Outcome) -> Section {
@@ -220,12 +232,16 @@ fn epochs_plot(fits: &[(String, &[Epoch])]) -> String {
             chart
                 .draw_series(LineSeries::new(dev, color.stroke_width(2)))?
                 .label(format!("{name}: dev"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
             let train = history.iter().map(|e| (e.epoch, e.train));
             chart
                 .draw_series(DashedLineSeries::new(train, 6, 4, color.stroke_width(1)))?
                 .label(format!("{name}: train"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(1)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(1))
+                });
         }
         chart
             .configure_series_labels()

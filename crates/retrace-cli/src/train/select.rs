@@ -15,26 +15,26 @@ pub(crate) const CATEGORIES: [ErrorCategory; 4] = ErrorCategory::LABELLED;
 /// Where one trace's steps sit in the feature matrix, and its gold labels.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct TraceRows {
-    pub split: String,
-    pub label: i32,
-    pub category: Option<ErrorCategory>,
-    pub start: usize,
-    pub len: usize,
+    pub(crate) split: String,
+    pub(crate) label: i32,
+    pub(crate) category: Option<ErrorCategory>,
+    pub(crate) start: usize,
+    pub(crate) len: usize,
 }
 
 /// The training traces and the dev traces, as indices into `traces`.
 pub(crate) struct Problem<'a> {
-    pub traces: &'a [TraceRows],
-    pub train: &'a [usize],
-    pub dev: &'a [usize],
+    pub(crate) traces: &'a [TraceRows],
+    pub(crate) train: &'a [usize],
+    pub(crate) dev: &'a [usize],
 }
 
 /// A step head trained on one tap's features.
 pub(crate) struct StepFit {
-    pub norm: Standardiser,
-    pub fitted: Fitted,
+    pub(crate) norm: Standardiser,
+    pub(crate) fitted: Fitted,
     /// The dev F1 (mean over splits, at dev's best threshold) of the kept epoch.
-    pub dev_f1: f64,
+    pub(crate) dev_f1: f64,
 }
 
 impl TraceRows {
@@ -73,7 +73,7 @@ impl Problem<'_> {
     }
 
     /// Each trace of `set` with its step scores cut from `probs` (one per feature row).
-    pub fn scored(&self, set: &[usize], probs: &[f32]) -> Vec<ScoredTrace> {
+    pub(crate) fn scored(&self, set: &[usize], probs: &[f32]) -> Vec<ScoredTrace> {
         set.iter()
             .map(|&i| {
                 let t = &self.traces[i];
@@ -87,7 +87,7 @@ impl Problem<'_> {
     }
 
     /// Dev's best threshold for `probs`, and the train F1 at that threshold.
-    pub fn calibrate(&self, probs: &[f32]) -> (ThresholdChoice, f64) {
+    pub(crate) fn calibrate(&self, probs: &[f32]) -> (ThresholdChoice, f64) {
         let dev = sweep(&self.scored(self.dev, probs)).best();
         let train = sweep(&self.scored(self.train, probs));
         let f1 = train.mean_f1(train.point(dev.threshold));

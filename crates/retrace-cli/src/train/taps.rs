@@ -1,14 +1,15 @@
 //! Taps: which decoder layers' hidden states, averaged, make a step's feature. Named on the
 //! command line (`final`, `topN`, `middle`, a layer `N`, a range `A-B`) and resolved against
-//! the base's layer count; layer `num_hidden_layers` is the state after the final norm.
+//! the base's layer count; layer `num_hidden_layers` is the state after the final norm. `topN`
+//! on a base of fewer than N layers averages all of them.
 
 use super::TrainError;
 
 /// A candidate feature: its name as given and the 0-based layers averaged.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct Tap {
-    pub name: String,
-    pub layers: Vec<usize>,
+    pub(crate) name: String,
+    pub(crate) layers: Vec<usize>,
 }
 
 /// The default candidates: the final normed state, the mean of the top four layers, the middle.
@@ -52,9 +53,10 @@ fn one(spec: &str, layers: usize) -> Result<Vec<usize>, TrainError> {
         "final" => Ok(vec![layers]),
         "middle" => Ok(vec![layers / 2]),
         _ if spec.starts_with("top") => {
-            let n = number(&spec[3..])?;
-            if n == 0 || n > layers {
-                return Err(bad(format!("the base has {layers} layers")));
+            // A base with fewer layers than N averages all of them.
+            let n = number(&spec[3..])?.min(layers);
+            if n == 0 {
+                return Err(bad("top0 names no layer".into()));
             }
             Ok((layers - n..layers).collect())
         }
@@ -91,7 +93,8 @@ mod tests {
 
     #[test]
     fn refuses_layers_the_base_lacks() {
-        for s in ["31", "top0", "top31", "5-3", "x", "top"] {
+        assert_eq!(resolve(&specs("top4"), 2).unwrap()[0].layers, [0, 1]);
+        for s in ["31", "top0", "5-3", "x", "top", "2-31"] {
             let e = resolve(&specs(s), 30).unwrap_err().to_string();
             assert!(e.starts_with(&format!("--taps {s:?}")), "{e}");
         }

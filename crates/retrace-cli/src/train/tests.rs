@@ -8,8 +8,8 @@ use super::progress::Progress;
 use super::select::{CATEGORIES, Problem, TraceRows, fit_step};
 use super::taps::Tap;
 use candle_core::{Device, Tensor};
-use retrace::trace::ErrorCategory;
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use retrace::trace::ErrorCategory;
 
 const H: usize = 24;
 
@@ -135,7 +135,12 @@ fn finds_the_direction_that_marks_wrong_steps() {
     assert!(fit.dev_f1 >= 95.0, "dev F1 {}", fit.dev_f1);
     // The weight in feature space: w / scale. Wrong steps lie along +u, so P(correct) falls
     // along it: the learned direction is -w.
-    let w: Vec<f32> = fit.fitted.head.params[0].1.flatten_all().unwrap().to_vec1().unwrap();
+    let w: Vec<f32> = fit.fitted.head.params[0]
+        .1
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     let scale: Vec<f32> = fit.norm.scale.to_vec1().unwrap();
     let learned: Vec<f32> = w.iter().zip(&scale).map(|(w, s)| -w / s).collect();
     let cos = cosine(&learned, &s.direction);
@@ -205,8 +210,17 @@ fn dev_picks_the_tap_and_keeps_the_logistic_head_on_linear_data() {
     let shown = Progress { shown: false };
     let out = decide(&p, &candidates(&s), &settings(), &shown).unwrap();
     assert_eq!(out.tap().name, "real");
-    assert!(out.taps[0].1.dev_f1 < 60.0, "noise {}", out.taps[0].1.dev_f1);
-    assert!(!out.use_mlp, "mlp {} logistic {}", out.mlp.as_ref().unwrap().dev_f1, out.taps[1].1.dev_f1);
+    assert!(
+        out.taps[0].1.dev_f1 < 60.0,
+        "noise {}",
+        out.taps[0].1.dev_f1
+    );
+    assert!(
+        !out.use_mlp,
+        "mlp {} logistic {}",
+        out.mlp.as_ref().unwrap().dev_f1,
+        out.taps[1].1.dev_f1
+    );
     assert!(out.threshold.f1 >= 95.0, "{}", out.threshold.f1);
     // The category head names the category of each dev trace's first wrong step.
     let cats = out.categories.as_ref().expect("a category head");
