@@ -27,4 +27,5 @@ mod replicas;
 mod score;
 mod service;
 mod smollm2;
+mod train;
 mod vllm;
