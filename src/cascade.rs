@@ -136,6 +136,11 @@ impl Evaluator for Cascade {
             .or_else(|| self.judge.why_not_ready())
     }
 
+    /// Its PRM's own (a trained head's), since the threshold applies to the PRM's scores.
+    fn threshold(&self) -> Option<f32> {
+        self.prm.threshold()
+    }
+
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
             let mut verdict = self.prm.evaluate(job.clone()).await?;

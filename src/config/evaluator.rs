@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct EvaluatorConfig {
     pub name: String,
-    #[serde(default = "defaults::threshold")]
-    pub threshold: f32,
+    /// Unset: a trained head's own threshold, else `defaults::THRESHOLD` (filled in when the
+    /// config is resolved, so the printed config says what applies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<f32>,
     #[serde(default)]
     pub aggregate: Aggregate,
     /// Limits on a trace's size; the server's when unset.
@@ -42,12 +44,9 @@ pub enum KindConfig {
 
 /// The defaults of the keys every kind shares.
 pub mod defaults {
-    pub const THRESHOLD: f32 = 0.5;
+    pub const THRESHOLD: f32 = crate::engine::DEFAULT_THRESHOLD;
     pub const MAX_CONCURRENCY: usize = 256;
 
-    pub(super) fn threshold() -> f32 {
-        THRESHOLD
-    }
     pub(super) fn max_concurrency() -> usize {
         MAX_CONCURRENCY
     }
@@ -58,7 +57,7 @@ impl EvaluatorConfig {
     pub fn new(name: &str, kind: KindConfig) -> Self {
         EvaluatorConfig {
             name: name.to_string(),
-            threshold: defaults::THRESHOLD,
+            threshold: Some(defaults::THRESHOLD),
             aggregate: Aggregate::default(),
             max_steps: None,
             max_trace_bytes: None,

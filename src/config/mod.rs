@@ -180,11 +180,7 @@ impl Config {
         config.source = source_name.to_string();
         config.evaluator_lines = header_lines(text, "[[evaluator]]");
         config.validate()?;
-        for e in &mut config.evaluators {
-            if let KindConfig::Prm(p) = &mut e.kind {
-                *p = p.clone().resolved();
-            }
-        }
+        config.resolve();
         Ok(config)
     }
 
@@ -207,6 +203,30 @@ impl Config {
             }
         }
         Ok(config)
+    }
+
+    /// Fills in what applies where a table leaves a key out: a PRM's in-process keys, and the
+    /// threshold, except where a trained head's own applies (its PRM, and a cascade over it).
+    fn resolve(&mut self) {
+        let heads: Vec<String> = self
+            .evaluators
+            .iter()
+            .filter(|e| matches!(&e.kind, KindConfig::Prm(p) if p.family == Family::Head))
+            .map(|e| e.name.clone())
+            .collect();
+        for e in &mut self.evaluators {
+            let own = match &mut e.kind {
+                KindConfig::Prm(p) => {
+                    *p = p.clone().resolved();
+                    p.family == Family::Head
+                }
+                KindConfig::Cascade(c) => heads.contains(&c.prm),
+                KindConfig::Judge(_) => false,
+            };
+            if !own {
+                e.threshold.get_or_insert(defaults::THRESHOLD);
+            }
+        }
     }
 
     fn fail(&self, message: String) -> ConfigError {

@@ -7,8 +7,8 @@ use crate::rule::{Refused, refuse};
 
 /// Checks one evaluator table against the rest (a cascade names others).
 pub(super) fn check(e: &EvaluatorConfig, all: &[EvaluatorConfig]) -> Result<(), Refused> {
-    if !(0.0..=1.0).contains(&e.threshold) {
-        return refuse(format!("threshold must lie in [0, 1], got {}", e.threshold));
+    if let Some(t) = e.threshold.filter(|t| !(0.0..=1.0).contains(t)) {
+        return refuse(format!("threshold must lie in [0, 1], got {t}"));
     }
     if e.max_concurrency == 0 || e.max_concurrency > MAX_CAPACITY {
         return refuse(format!("max_concurrency must lie in [1, {MAX_CAPACITY}]"));

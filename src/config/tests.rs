@@ -33,7 +33,7 @@ fn example_parses() {
     assert_eq!(p.family, Family::QwenMathPrm);
     assert_eq!(p.device(), DeviceSpec::Cpu);
     assert_eq!(p.max_batch_tokens(), crate::prm::defaults::MAX_BATCH_TOKENS);
-    assert_eq!(c.evaluators[0].threshold, 0.5);
+    assert_eq!(c.evaluators[0].threshold, Some(0.5));
 }
 
 #[test]
@@ -244,7 +244,7 @@ fn overrides_apply_and_validate() {
     ];
     let c = Config::parse(EXAMPLE, "t", &over).unwrap();
     assert_eq!(c.server.max_in_flight, 7);
-    assert_eq!(c.evaluators[0].threshold, 0.25);
+    assert_eq!(c.evaluators[0].threshold, Some(0.25));
     let KindConfig::Prm(p) = &c.evaluators[0].kind else {
         panic!("a prm table")
     };
@@ -511,4 +511,36 @@ fn a_vllm_backed_prm_validates_its_keys() {
         let err = parse(&text).unwrap_err();
         assert!(err.message.contains(&needle), "{needle:?} not in {err}");
     }
+}
+
+#[test]
+fn an_unset_threshold_is_a_trained_heads_own_and_the_default_elsewhere() {
+    let head =
+        "\n[[evaluator]]\nname = \"head\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = \"/h\"\n";
+    let over_head = CASCADE
+        .replace("\"both\"", "\"over-head\"")
+        .replace("prm = \"qwen-prm\"", "prm = \"head\"");
+    let text = format!(
+        "{}{JUDGE}{CASCADE}{head}{over_head}",
+        EXAMPLE.replace("threshold = 0.5\n", "")
+    );
+    let c = parse(&text).unwrap();
+    let threshold = |name: &str| {
+        c.evaluators
+            .iter()
+            .find(|e| e.name == name)
+            .unwrap()
+            .threshold
+    };
+    // Left out, resolved so the printed config says what applies ...
+    assert_eq!(threshold("qwen-prm"), Some(defaults::THRESHOLD));
+    assert_eq!(threshold("gpt-4o"), Some(defaults::THRESHOLD));
+    assert_eq!(threshold("both"), Some(defaults::THRESHOLD));
+    // ... except where the head's stored one applies: the head, and a cascade over it.
+    assert_eq!(threshold("head"), None);
+    assert_eq!(threshold("over-head"), None);
+    let set = parse(&format!("{text}threshold = 0.25\n")).unwrap();
+    assert_eq!(set.evaluators.last().unwrap().threshold, Some(0.25));
+    let spec = &set.slot_specs()[3];
+    assert_eq!((spec.name.as_str(), spec.threshold), ("head", None));
 }

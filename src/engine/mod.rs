@@ -14,6 +14,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// The threshold of an evaluator whose config sets none and that has none of its own.
+pub const DEFAULT_THRESHOLD: f32 = 0.5;
+
 /// What an evaluator says about itself, for ListEvaluators.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Description {
@@ -55,6 +58,12 @@ pub trait Evaluator: Send + Sync + 'static {
     /// Pushes changes of `ready()`, for evaluators whose readiness can change (a model thread
     /// that dies); `None` when it never changes by itself.
     fn health(&self) -> Option<watch::Receiver<bool>> {
+        None
+    }
+
+    /// Its own threshold (a trained head's calibrated one), which applies when the config
+    /// sets none.
+    fn threshold(&self) -> Option<f32> {
         None
     }
 

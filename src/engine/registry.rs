@@ -1,6 +1,6 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
-use super::{Description, EngineError, Evaluator, Job};
+use super::{DEFAULT_THRESHOLD, Description, EngineError, Evaluator, Job};
 use crate::field::FieldPath;
 use crate::metrics;
 use crate::trace::{Aggregate, Judgement, Trace, Verdict};
@@ -21,7 +21,8 @@ pub type LoadByName =
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlotSpec {
     pub name: String,
-    pub threshold: f32,
+    /// The config's threshold; unset, the evaluator's own (a trained head's), else the default.
+    pub threshold: Option<f32>,
     pub aggregate: Aggregate,
     pub max_steps: usize,
     pub max_trace_bytes: usize,
@@ -222,7 +223,7 @@ impl Engine {
                 EvaluatorStatus {
                     name: name.clone(),
                     description,
-                    threshold: slot.spec.threshold,
+                    threshold: slot.threshold(),
                     aggregate: slot.spec.aggregate,
                     max_steps: slot.max_steps,
                     max_trace_bytes: slot.max_trace_bytes,
@@ -339,6 +340,12 @@ impl Slot {
         self.evaluator.get().is_some_and(|e| e.ready())
     }
 
+    /// The threshold in force: the config's, else the loaded evaluator's own, else the default.
+    fn threshold(&self) -> f32 {
+        let own = self.evaluator.get().and_then(|e| e.threshold());
+        self.spec.threshold.or(own).unwrap_or(DEFAULT_THRESHOLD)
+    }
+
     /// The evaluator's limits on a trace; fields are named relative to it.
     fn check_limits(&self, trace: &Trace) -> Result<(), EngineError> {
         if trace.steps.len() > self.max_steps {
@@ -419,7 +426,7 @@ impl Slot {
     }
 
     async fn run(&self, request: Request) -> Result<Verdict, EngineError> {
-        let threshold = request.threshold.unwrap_or(self.spec.threshold);
+        let threshold = request.threshold.unwrap_or_else(|| self.threshold());
         let job = Job {
             trace: request.trace.clone(),
             threshold,
@@ -453,6 +460,11 @@ impl Evaluator for Gated {
 
     fn why_not_ready(&self) -> Option<String> {
         self.0.evaluator.get()?.why_not_ready()
+    }
+
+    /// The evaluator's own, not its config's: a cascade's threshold key is the cascade's.
+    fn threshold(&self) -> Option<f32> {
+        self.0.evaluator.get()?.threshold()
     }
 
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {

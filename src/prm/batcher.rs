@@ -67,6 +67,8 @@ pub struct Budget {
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Scored {
     pub scores: Vec<f32>,
+    /// Per step, a trained head's category probabilities; empty without a category head.
+    pub categories: Vec<Vec<f32>>,
     pub tokens: Tokens,
     pub queued: Duration,
     pub inference: Duration,
@@ -379,10 +381,10 @@ fn score(
     };
     let result = scored.map_err(|e| e.to_string()).and_then(|scored| {
         if scored.len() != rows.len()
-            || scored
-                .iter()
-                .zip(&rows)
-                .any(|(s, r)| s.scores.len() != r.positions.len())
+            || scored.iter().zip(&rows).any(|(s, r)| {
+                s.scores.len() != r.positions.len()
+                    || !(s.categories.is_empty() || s.categories.len() == r.positions.len())
+            })
         {
             return Err("the scorer returned a score list of the wrong shape".to_string());
         }
@@ -408,6 +410,7 @@ fn score(
                 let queued = cut_at.saturating_duration_since(p.enqueued);
                 let _ = p.reply.send(Ok(Scored {
                     scores: row.scores,
+                    categories: row.categories,
                     tokens: row.tokens,
                     queued,
                     inference,

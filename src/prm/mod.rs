@@ -6,6 +6,7 @@ mod candle;
 mod config;
 pub mod features;
 pub mod format;
+pub mod head;
 pub mod remote;
 mod template;
 
@@ -22,6 +23,8 @@ use crate::trace::Judgement;
 use batcher::Batcher;
 use format::{Family, FormatError, Formatter};
 use futures::future::BoxFuture;
+use head::HeadFolder;
+use retrace_model::HeadSpec;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -95,6 +98,8 @@ pub struct PrmEvaluator {
     max_tokens: usize,
     vocab_size: usize,
     batcher: Batcher,
+    /// A trained head's folder (family `head`): its threshold and category labels.
+    head: Option<HeadFolder>,
 }
 
 /// Loads the PRM an `[[evaluator]]` table describes (runs on a blocking thread): the checkpoint
@@ -121,6 +126,9 @@ impl PrmEvaluator {
         max_concurrency: usize,
         cfg: &PrmConfig,
     ) -> Result<PrmEvaluator, PrmError> {
+        if cfg.family == Family::Head {
+            return Self::load_head(name, max_concurrency, cfg);
+        }
         let fail = PrmError::load(name);
         let folder = find_model(
             name,
@@ -135,6 +143,34 @@ impl PrmEvaluator {
             vocab_size: model.vocab_size(),
         };
         Self::assemble(name, max_concurrency, cfg, folder, formatter, model, limits)
+    }
+
+    /// A head trained on a frozen base (`cfg.model` is its folder): the base verified by its
+    /// checksum, formatted with the head's format, loaded with the head.
+    fn load_head(
+        name: &str,
+        max_concurrency: usize,
+        cfg: &PrmConfig,
+    ) -> Result<PrmEvaluator, PrmError> {
+        let fail = PrmError::load(name);
+        let dir = find_model(
+            name,
+            &cfg.model,
+            "a head folder that retrace train-head wrote",
+        )?;
+        let head = HeadFolder::open(&dir).map_err(fail)?;
+        let formatter =
+            Formatter::load(head.config.format, &head.base).map_err(|e| fail(e.to_string()))?;
+        let spec = HeadSpec::Trained(head.config.spec(&dir));
+        let model = candle::load_model(&head.base, spec, cfg).map_err(|e| fail(e.to_string()))?;
+        let limits = Limits {
+            max_tokens: model.max_positions(),
+            vocab_size: model.vocab_size(),
+        };
+        let mut evaluator =
+            Self::assemble(name, max_concurrency, cfg, dir, formatter, model, limits)?;
+        evaluator.head = Some(head);
+        Ok(evaluator)
     }
 
     /// A PRM whose rows `scorer` scores instead of the candle model (another backend, or a test's
@@ -186,6 +222,7 @@ impl PrmEvaluator {
             max_tokens: limits.max_tokens,
             vocab_size: limits.vocab_size,
             batcher,
+            head: None,
         })
     }
 }
@@ -257,6 +294,10 @@ impl Evaluator for PrmEvaluator {
         self.batcher.alive()
     }
 
+    fn threshold(&self) -> Option<f32> {
+        self.head.as_ref().map(|h| h.config.threshold)
+    }
+
     fn why_not_ready(&self) -> Option<String> {
         (!self.batcher.alive()).then(|| self.batcher.stopped().to_string())
     }
@@ -299,6 +340,11 @@ impl Evaluator for PrmEvaluator {
                 .map_err(|_| PrmError::Batch(self.batcher.stopped()))?
                 .map_err(PrmError::from)?;
             let mut judgement = Judgement::from_scores(scored.scores, job.threshold);
+            if let (Some(head), Some(k)) = (&self.head, judgement.first_error)
+                && let Some(probs) = scored.categories.get(k)
+            {
+                judgement.category = head.category(probs);
+            }
             judgement.queued = scored.queued;
             judgement.inference = scored.inference;
             judgement.tokens = Some((scored.tokens.computed, scored.tokens.reused));

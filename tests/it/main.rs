@@ -14,6 +14,7 @@ mod dead_model;
 mod eval;
 mod fuzz_props;
 mod gguf;
+mod head;
 mod http;
 mod judge_faults;
 mod judge_llama;

@@ -125,7 +125,10 @@ impl Head {
     /// category probabilities.
     pub(crate) fn read(&self, out: &Output) -> Result<Reading> {
         match self {
-            Self::Trained(t) => t.read(&out.taps),
+            Self::Trained(t) => {
+                let (scores, categories) = t.read(&out.taps)?;
+                Ok(Reading { scores, categories })
+            }
             Self::States => {
                 candle_core::bail!("this model was loaded without a head: it cannot score")
             }

@@ -2,8 +2,9 @@
 //!
 //! Process reward models on candle, and nothing else: no runtime, metrics, server config or
 //! RPC. A checkpoint (a Hugging Face folder or a GGUF file) is loaded with the head its family
-//! reads; token ids and the positions to read go in, one score in [0, 1] per position comes out.
-//! Rows of a batch are packed end to end, not padded; tokens rows share are computed once, and
+//! reads, or a head trained on it; token ids and the positions to read go in, one score in
+//! [0, 1] per position comes out (or the hidden states of chosen layers there, a trainer's
+//! features: `PrmModel::states`). Rows of a batch are packed end to end, not padded; tokens rows share are computed once, and
 //! an optional prefix cache keeps what earlier batches computed.
 //!
 //! ```

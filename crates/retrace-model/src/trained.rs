@@ -4,7 +4,6 @@
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::head::Reading;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
 use std::collections::HashMap;
@@ -153,8 +152,9 @@ impl Trained {
         &self.layers
     }
 
-    /// The head over the tapped layers' states (`taps`, (reads, H) each, in `layers` order).
-    pub(crate) fn read(&self, taps: &[Tensor]) -> candle_core::Result<Reading> {
+    /// The head over the tapped layers' states (`taps`, (reads, H) each, in `layers` order):
+    /// each read's score, and its category probabilities (none without a category head).
+    pub(crate) fn read(&self, taps: &[Tensor]) -> candle_core::Result<(Vec<f32>, Vec<Vec<f32>>)> {
         let x = average(taps)?
             .broadcast_sub(&self.mean)?
             .broadcast_div(&self.scale)?;
@@ -169,7 +169,7 @@ impl Trained {
             Some(c) => candle_nn::ops::softmax_last_dim(&c.forward(&x)?)?.to_vec2::<f32>()?,
             None => Vec::new(),
         };
-        Ok(Reading { scores, categories })
+        Ok((scores, categories))
     }
 }
 

@@ -83,7 +83,7 @@ fn loaded(config: &Config, s: &Setting) -> String {
         "max_in_flight" => config.server.max_in_flight.to_string(),
         "shutdown_grace_s" => format!("{:.1}", config.server.shutdown_grace_s),
         "max_steps" => config.server.max_steps.to_string(),
-        "threshold" => format!("{:.2}", e.threshold),
+        "threshold" => format!("{:.2}", e.threshold.expect("resolved")),
         "samples" => j.samples.to_string(),
         "retries" => j.endpoint.retries.to_string(),
         "timeout_s" => format!("{:.1}", j.endpoint.timeout_s),

@@ -198,9 +198,7 @@ impl<'a> ReadOut<'a> {
         parts.extend(self.cached_x.iter().cloned());
         Tensor::cat(&parts, 0)
     }
-}
 
-impl ReadOut<'_> {
     /// The reads' rows of the stream state `x` after a layer below the last layer's input, in
     /// group order. Only reads in the stream have one: a cached prefix keeps no layer's state
     /// but the last layer's input (`Batch` looks up no prefix past a row's first read when a

@@ -1,0 +1,232 @@
+//! A trained head's folder (docs/training.md): its `config.json` as one type that `retrace
+//! train-head` writes and `family = "head"` reads, the checks a type can't express (each error
+//! names the file and key), and the base it is tied to, verified by checksum before it loads.
+
+use super::format::Family;
+use crate::trace::ErrorCategory;
+use retrace_model::{HEAD_CONFIG, TrainedKind, TrainedSpec, checkpoint_sha256};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The format version this server reads.
+pub const HEAD_VERSION: u32 = 1;
+
+/// A head folder's `config.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeadConfig {
+    /// The format version, `HEAD_VERSION`.
+    pub retrace_head: u32,
+    /// The base checkpoint as given (a folder or a `.gguf` file); relative to the head folder
+    /// when relative.
+    pub base: String,
+    /// `retrace_model::checkpoint_sha256` of the base.
+    pub base_sha256: String,
+    /// The family whose formatting and read positions the head uses.
+    #[serde(default = "chat_lm")]
+    pub format: Family,
+    /// Decoder layers averaged into the feature; `num_hidden_layers` is after the final norm.
+    pub layers: Vec<usize>,
+    pub hidden_size: usize,
+    pub head: HeadKind,
+    /// Hidden units of an `mlp` head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_hidden: Option<usize>,
+    /// A step whose probability is below it is wrong; the first such step is the first error.
+    pub threshold: f32,
+    /// The category head's labels in its row order; `None` without one.
+    #[serde(default)]
+    pub categories: Option<Vec<ErrorCategory>>,
+    /// What it was trained on: the trainer's record, which serving does not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_counts: Option<LabelCounts>,
+    #[serde(default)]
+    pub data: Vec<DataFile>,
+    #[serde(default)]
+    pub dev: Vec<DataFile>,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev_f1: Option<f64>,
+}
+
+/// The step head's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeadKind {
+    Logistic,
+    Mlp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LabelCounts {
+    pub correct_steps: usize,
+    pub wrong_steps: usize,
+    pub traces: usize,
+    pub all_correct_traces: usize,
+}
+
+/// A data file a head was trained or tuned on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataFile {
+    pub path: String,
+    pub sha256: String,
+    pub rows: usize,
+}
+
+fn chat_lm() -> Family {
+    Family::ChatLm
+}
+
+/// A head folder checked against its config's rules and its base's checksum: what serving it
+/// needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadFolder {
+    pub dir: PathBuf,
+    pub config: HeadConfig,
+    /// The base, resolved against `dir`.
+    pub base: PathBuf,
+}
+
+impl HeadConfig {
+    /// Reads and checks `dir/config.json`; errors name the file and the key.
+    pub fn read(dir: &Path) -> Result<HeadConfig, String> {
+        let path = dir.join(HEAD_CONFIG);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let config: HeadConfig =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        config
+            .check()
+            .map_err(|(key, reason)| format!("{}: bad `{key}`: {reason}", path.display()))?;
+        Ok(config)
+    }
+
+    /// The rules a type can't express, as (key, reason).
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        if self.retrace_head != HEAD_VERSION {
+            let v = self.retrace_head;
+            return Err((
+                "retrace_head",
+                format!("version {v}; this server reads {HEAD_VERSION}"),
+            ));
+        }
+        if !self.format.is_format() {
+            return Err((
+                "format",
+                "names no input format: one of the PRM families".into(),
+            ));
+        }
+        if self.layers.is_empty() {
+            return Err(("layers", "lists no layer".into()));
+        }
+        if self.hidden_size == 0 {
+            return Err(("hidden_size", "must be at least 1".into()));
+        }
+        match (self.head, self.mlp_hidden) {
+            (HeadKind::Mlp, None | Some(0)) => {
+                return Err((
+                    "mlp_hidden",
+                    "an mlp head needs at least 1 hidden unit".into(),
+                ));
+            }
+            (HeadKind::Logistic, Some(_)) => {
+                return Err(("mlp_hidden", "applies only to head = \"mlp\"".into()));
+            }
+            _ => {}
+        }
+        if !(0.0..=1.0).contains(&self.threshold) {
+            return Err((
+                "threshold",
+                format!("must lie in [0, 1], got {}", self.threshold),
+            ));
+        }
+        if let Some(c) = &self.categories {
+            check_categories(c).map_err(|reason| ("categories", reason))?;
+        }
+        let sum = &self.base_sha256;
+        if sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(("base_sha256", "must be 64 hexadecimal digits".into()));
+        }
+        Ok(())
+    }
+
+    /// The model's view of the head in `dir`.
+    pub fn spec(&self, dir: &Path) -> TrainedSpec {
+        TrainedSpec {
+            dir: dir.to_path_buf(),
+            layers: self.layers.clone(),
+            hidden_size: self.hidden_size,
+            kind: match self.head {
+                HeadKind::Logistic => TrainedKind::Logistic,
+                HeadKind::Mlp => TrainedKind::Mlp {
+                    hidden: self.mlp_hidden.unwrap_or(0),
+                },
+            },
+            categories: self.categories.as_ref().map_or(0, Vec::len),
+        }
+    }
+}
+
+/// Labels of a category head: known, none twice, at least one error category.
+fn check_categories(labels: &[ErrorCategory]) -> Result<(), String> {
+    if labels.contains(&ErrorCategory::Unspecified) {
+        return Err("\"unspecified\" is not a category a head can name".into());
+    }
+    for (i, c) in labels.iter().enumerate() {
+        if labels[..i].contains(c) {
+            return Err(format!("{:?} is listed twice", c.as_str()));
+        }
+    }
+    if labels.iter().all(|c| *c == ErrorCategory::None) {
+        return Err("names no error category".into());
+    }
+    Ok(())
+}
+
+impl HeadFolder {
+    /// Reads `dir`'s config and verifies its base: a base whose checksum differs from the one
+    /// the head was trained on is refused, naming both and the base.
+    pub fn open(dir: &Path) -> Result<HeadFolder, String> {
+        let config = HeadConfig::read(dir)?;
+        let base = dir.join(&config.base);
+        let path = dir.join(HEAD_CONFIG);
+        if !base.exists() {
+            return Err(format!(
+                "{}: base {} does not exist",
+                path.display(),
+                base.display()
+            ));
+        }
+        let sum = checkpoint_sha256(&base).map_err(|e| format!("base {}: {e}", base.display()))?;
+        if !sum.eq_ignore_ascii_case(&config.base_sha256) {
+            return Err(format!(
+                "{}: the base {} has checksum {sum}, but the head was trained on a base with \
+                 checksum {}: the weights differ, so the head does not apply",
+                path.display(),
+                base.display(),
+                config.base_sha256
+            ));
+        }
+        Ok(HeadFolder {
+            dir: dir.to_path_buf(),
+            config,
+            base,
+        })
+    }
+
+    /// The category at a first error from its category probabilities (`probs`, in the
+    /// config's label order): the most probable label other than `none`.
+    pub fn category(&self, probs: &[f32]) -> ErrorCategory {
+        let labels = self.config.categories.as_deref().unwrap_or_default();
+        labels
+            .iter()
+            .zip(probs)
+            .filter(|(c, _)| **c != ErrorCategory::None)
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(ErrorCategory::Unspecified, |(c, _)| *c)
+    }
+}
+
+#[cfg(test)]
+#[path = "head_tests.rs"]
+mod tests;

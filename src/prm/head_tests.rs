@@ -1,0 +1,185 @@
+//! The head folder's config: the contract's example parses and round-trips, each bad key is
+//! refused naming the file and key, and a base that is not the one trained on is refused.
+
+use super::*;
+use serde_json::{Value, json};
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("retrace-headcfg-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The contract's example (docs/training.md), with real values in place of its placeholders.
+fn example() -> Value {
+    json!({
+        "retrace_head": 1,
+        "base": "base",
+        "base_sha256": "ab".repeat(32),
+        "format": "chat-lm",
+        "layers": [27, 28, 29],
+        "hidden_size": 576,
+        "head": "mlp",
+        "mlp_hidden": 64,
+        "threshold": 0.53,
+        "categories": ["none", "misinterpretation", "hallucination", "reasoning"],
+        "label_counts": {"correct_steps": 10, "wrong_steps": 4, "traces": 5, "all_correct_traces": 1},
+        "data": [{"path": "train.json", "sha256": "cd".repeat(32), "rows": 5}],
+        "dev": [{"path": "dev.json", "sha256": "ef".repeat(32), "rows": 2}],
+        "seed": 0,
+        "dev_f1": 71.2
+    })
+}
+
+fn write(dir: &Path, config: &Value) {
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+}
+
+#[test]
+fn the_contracts_example_parses_and_round_trips() {
+    let dir = temp("example");
+    write(&dir, &example());
+    let c = HeadConfig::read(&dir).unwrap();
+    assert_eq!(c.format, Family::ChatLm);
+    assert_eq!((c.head, c.mlp_hidden), (HeadKind::Mlp, Some(64)));
+    assert_eq!(
+        c.categories.as_ref().unwrap()[2],
+        ErrorCategory::Hallucination
+    );
+    let spec = c.spec(&dir);
+    assert_eq!(spec.kind, TrainedKind::Mlp { hidden: 64 });
+    assert_eq!(
+        (spec.layers.clone(), spec.categories),
+        (vec![27, 28, 29], 4)
+    );
+    // What one side writes the other reads back unchanged.
+    let again: HeadConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+    assert_eq!(again, c);
+    // format defaults to chat-lm; categories and the trainer's record may be left out.
+    let mut v = example();
+    for key in [
+        "format",
+        "categories",
+        "label_counts",
+        "data",
+        "dev",
+        "seed",
+        "dev_f1",
+    ] {
+        v.as_object_mut().unwrap().remove(key);
+    }
+    write(&dir, &v);
+    let c = HeadConfig::read(&dir).unwrap();
+    assert_eq!((c.format, c.categories), (Family::ChatLm, None));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn each_bad_key_is_refused_naming_the_file_and_key() {
+    let dir = temp("bad");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("threshold", Value::Null, "missing field `threshold`"),
+        ("retrace_head", json!(2), "bad `retrace_head`: version 2"),
+        ("format", json!("head"), "bad `format`"),
+        ("format", json!("nope"), "family \"nope\" is not one of"),
+        ("layers", json!([]), "bad `layers`: lists no layer"),
+        ("layers", json!([-1]), "invalid value"),
+        ("head", json!("svm"), "unknown variant `svm`"),
+        ("mlp_hidden", Value::Null, "bad `mlp_hidden`"),
+        (
+            "threshold",
+            json!(1.5),
+            "bad `threshold`: must lie in [0, 1]",
+        ),
+        (
+            "categories",
+            json!(["none", "bogus"]),
+            "unknown variant `bogus`",
+        ),
+        (
+            "categories",
+            json!(["none", "none"]),
+            "bad `categories`: \"none\" is listed twice",
+        ),
+        (
+            "categories",
+            json!(["none"]),
+            "bad `categories`: names no error category",
+        ),
+        ("base_sha256", json!("xyz"), "bad `base_sha256`"),
+        ("hidden_size", json!(0), "bad `hidden_size`"),
+    ];
+    for (key, value, want) in cases {
+        let mut v = example();
+        match value {
+            Value::Null => {
+                v.as_object_mut().unwrap().remove(key);
+            }
+            value => v[key] = value,
+        }
+        write(&dir, &v);
+        let err = HeadConfig::read(&dir).unwrap_err();
+        assert!(
+            err.contains(&dir.join("config.json").display().to_string()) && err.contains(want),
+            "{key}: {err}"
+        );
+    }
+    std::fs::remove_file(dir.join("config.json")).unwrap();
+    let err = HeadConfig::read(&dir).unwrap_err();
+    assert!(
+        err.starts_with("cannot read") && err.contains("config.json"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_base_that_is_not_the_one_trained_on_is_refused_naming_both_checksums() {
+    let dir = temp("base");
+    let base = dir.join("base");
+    std::fs::create_dir_all(&base).unwrap();
+    std::fs::write(base.join("model.safetensors"), b"weights").unwrap();
+    let sum = checkpoint_sha256(&base).unwrap();
+    let mut v = example();
+    v["base_sha256"] = json!(sum);
+    write(&dir, &v);
+    // A relative base is relative to the head folder.
+    let head = HeadFolder::open(&dir).unwrap();
+    assert_eq!(head.base, base);
+    std::fs::write(base.join("model.safetensors"), b"other weights").unwrap();
+    let changed = checkpoint_sha256(&base).unwrap();
+    let err = HeadFolder::open(&dir).unwrap_err();
+    for part in [&sum, &changed, &base.display().to_string()] {
+        assert!(err.contains(part.as_str()), "{part} in {err}");
+    }
+    v["base"] = json!("elsewhere");
+    write(&dir, &v);
+    let err = HeadFolder::open(&dir).unwrap_err();
+    assert!(err.contains("elsewhere does not exist"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_category_is_the_most_probable_error_label() {
+    let dir = temp("category");
+    let config: HeadConfig = serde_json::from_value(example()).unwrap();
+    let head = HeadFolder {
+        dir: dir.clone(),
+        config,
+        base: dir.clone(),
+    };
+    // "none" is the most probable, but a first error has an error category: the next one.
+    assert_eq!(
+        head.category(&[0.7, 0.05, 0.2, 0.05]),
+        ErrorCategory::Hallucination
+    );
+    assert_eq!(
+        head.category(&[0.1, 0.6, 0.2, 0.1]),
+        ErrorCategory::Misinterpretation
+    );
+    let mut none = head.clone();
+    none.config.categories = None;
+    assert_eq!(none.category(&[]), ErrorCategory::Unspecified);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
