@@ -427,3 +427,111 @@ fn a_killed_run_leaves_no_head_and_a_sound_cache() {
         train_head(&args).unwrap();
     }
 }
+
+/// `rows` of a ProcessBench file as JSONL with a category each (none for an all-correct trace,
+/// else the three error categories in turn), so a category head is trained too.
+fn with_categories(src: &Path, dest: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(src).unwrap();
+    let rows: Vec<serde_json::Value> = match text.trim_start().starts_with('[') {
+        true => serde_json::from_str(&text).unwrap(),
+        false => text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect(),
+    };
+    let cats = ["misinterpretation", "hallucination", "reasoning"];
+    let out: String = rows
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut r)| {
+            r["category"] = match r["label"].as_i64().unwrap() {
+                -1 => "none".into(),
+                _ => cats[i % 3].into(),
+            };
+            format!("{r}\n")
+        })
+        .collect();
+    std::fs::write(dest, out).unwrap();
+    dest.to_path_buf()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_head_scores_dev_as_training_did() {
+    use crate::common::{request, spawn_retrace};
+    use retrace::api::pb;
+    use retrace_cli::eval::{Row, read_rows};
+    let tmp = TempDir::new("serve");
+    let out = tmp.0.join("head");
+    let data = with_categories(&processbench("gsm8k"), &tmp.0.join("train.jsonl"));
+    let dev = with_categories(&short_dev(&tmp.0), &tmp.0.join("dev-cat.jsonl"));
+    let base = tiny_base();
+    let cache = tmp.0.join("cache");
+    let args = [
+        os("--base"),
+        os(&base),
+        os("--data"),
+        os(&data),
+        os("--dev"),
+        os(&dev),
+        os("--out"),
+        os(&out),
+        os("--cache"),
+        os(&cache),
+    ];
+    train_head(&args).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["categories"][3], "reasoning");
+    let mut rows: Vec<Row> = Vec::new();
+    read_rows(&out.join("dev-scores.jsonl"), |r| rows.push(r)).unwrap();
+    let toml = tmp.0.join("retrace.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[[evaluator]]\nname = \"trained\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n",
+            out.display().to_string()
+        ),
+    )
+    .unwrap();
+    let (_server, channel, _) = spawn_retrace(&[os("--config"), os(&toml)], &[]).await;
+    let mut client = pb::evaluator_client::EvaluatorClient::new(channel);
+    let records: Vec<_> = read_records(&dev).unwrap().map(Result::unwrap).collect();
+    assert_eq!(records.len(), rows.len());
+    let (mut worst, mut errors) = (0.0f32, 0);
+    for (record, row) in records.iter().zip(&rows) {
+        assert_eq!(record.id, row.id);
+        let trace = pb::Trace {
+            question: record.question.clone(),
+            steps: record.steps.clone(),
+            ..Default::default()
+        };
+        let got = client
+            .evaluate(request(&row.id, "trained", trace))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(got.steps.len(), row.step_scores.len(), "{}", row.id);
+        for (s, want) in got.steps.iter().zip(&row.step_scores) {
+            worst = worst.max((s.score - want).abs());
+        }
+        assert_eq!(Some(got.first_error_index), row.prediction, "{}", row.id);
+        let category = pb::ErrorCategory::try_from(got.category).unwrap();
+        let want = row.category.unwrap().as_str().to_uppercase();
+        assert_eq!(
+            category.as_str_name(),
+            format!("ERROR_CATEGORY_{want}"),
+            "{}",
+            row.id
+        );
+        errors += usize::from(got.first_error_index >= 0);
+    }
+    assert!(
+        worst < 1e-5,
+        "served against train-head's dev scores: {worst}"
+    );
+    assert!(
+        errors > 0 && errors < rows.len(),
+        "{errors} of {} flagged",
+        rows.len()
+    );
+}

@@ -215,13 +215,15 @@ pub(crate) fn fit_category(
     Ok(Some(fitted))
 }
 
-/// The category the head names at each row: argmax of its softmax.
+/// The category a server names at each row, were it a first error: the most probable one
+/// other than `none` (the step head, not this one, decides that a step is wrong).
 pub(crate) fn categories_at(head: &Head, x: &Tensor) -> Result<Vec<ErrorCategory>> {
     Ok(head
         .logits(x)?
+        .narrow(1, 1, CATEGORIES.len() - 1)?
         .argmax(1)?
         .to_vec1::<u32>()?
         .into_iter()
-        .map(|i| CATEGORIES[i as usize])
+        .map(|i| CATEGORIES[i as usize + 1])
         .collect())
 }
