@@ -55,7 +55,7 @@ pub mod judge;
 pub mod metrics;
 pub mod prm;
 pub mod rule;
-mod segment;
+pub mod segment;
 pub mod trace;
 pub mod upstream;
 

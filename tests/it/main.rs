@@ -31,5 +31,6 @@ mod replicas;
 mod score;
 mod service;
 mod smollm2;
+mod train;
 mod trainers;
 mod vllm;

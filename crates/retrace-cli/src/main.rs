@@ -64,6 +64,10 @@ enum Command {
     /// Sends traces to a running server and prints each verdict: the score of every step as a
     /// bar, the first error marked with its category (or --json).
     Score(retrace_cli::score::ScoreOptions),
+    /// Trains a PRM head on a frozen base: features at each step's read position (the server's
+    /// formatting, cached on disk), a logistic or MLP step head and a category head, taps,
+    /// head kind and threshold chosen on dev; writes the head folder `family = "head"` serves.
+    TrainHead(Box<retrace_cli::train::TrainOptions>),
 }
 
 #[derive(clap::Args)]
@@ -132,6 +136,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .map_err(Into::into),
         Command::Bench(opts) => retrace_cli::bench::bench(*opts).await,
         Command::Score(opts) => retrace_cli::score::score(opts).await,
+        Command::TrainHead(opts) => {
+            let t = tokio::task::spawn_blocking(move || retrace_cli::train::train_head(*opts))
+                .await
+                .context("the training thread")??;
+            println!(
+                "wrote {}: {} head on layers {:?}, threshold {}, dev F1 {:.2}",
+                t.out.display(),
+                t.head,
+                t.layers,
+                t.threshold,
+                t.dev_f1
+            );
+            Ok(())
+        }
         Command::CheckConfig(args) => {
             let config = args.load()?;
             print!("{}", config.redacted_toml());

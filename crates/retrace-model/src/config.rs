@@ -94,6 +94,18 @@ impl std::error::Error for ModelConfigError {}
 impl ModelConfig {
     /// Parses and validates `config.json` text.
     pub fn from_json(text: &str) -> Result<Self, ModelConfigError> {
+        // The architecture first: an encoder's config (BERT's, say) lacks decoder keys, and
+        // "missing rms_norm_eps" would hide that it is no decoder at all.
+        #[derive(Deserialize)]
+        struct Kind {
+            model_type: Option<String>,
+        }
+        if let Ok(Kind {
+            model_type: Some(t),
+        }) = serde_json::from_str::<Kind>(text)
+        {
+            check_model_type(&t)?;
+        }
         let cfg: ModelConfig = serde_json::from_str(text).map_err(|e| {
             let key = key_of_json_error(text, &e);
             ModelConfigError {
@@ -222,15 +234,7 @@ impl ModelConfig {
     }
 
     pub(crate) fn validate(&self) -> Result<(), ModelConfigError> {
-        if !matches!(self.model_type.as_str(), "llama" | "mistral" | "qwen2") {
-            return Err(ModelConfigError::new(
-                "model_type",
-                format!(
-                    "unsupported {:?} (supported: llama, mistral, qwen2)",
-                    self.model_type
-                ),
-            ));
-        }
+        check_model_type(&self.model_type)?;
         if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
             return Err(ModelConfigError::new(
                 "hidden_act",
@@ -288,6 +292,19 @@ impl ModelConfig {
 
 /// The key a serde_json error is about: the missing field, else the last object key written before
 /// the error's position (config.json is flat apart from `rope_scaling`, so that is the culprit).
+/// The decoders this crate runs.
+fn check_model_type(t: &str) -> Result<(), ModelConfigError> {
+    if matches!(t, "llama" | "mistral" | "qwen2") {
+        return Ok(());
+    }
+    Err(ModelConfigError::new(
+        "model_type",
+        format!(
+            "unsupported {t:?}: not a decoder this server runs (supported: llama, mistral, qwen2)"
+        ),
+    ))
+}
+
 fn key_of_json_error(text: &str, e: &serde_json::Error) -> String {
     let msg = e.to_string();
     if let Some(rest) = msg.strip_prefix("missing field `") {
@@ -390,5 +407,10 @@ mod tests {
         assert_eq!(e.key, "model_type");
         let e = parse(r#""num_key_value_heads": 3"#).unwrap_err();
         assert_eq!(e.key, "num_key_value_heads");
+        // An encoder's config lacks decoder keys: the architecture is what it gets wrong.
+        let bert = r#"{"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2}"#;
+        let e = ModelConfig::from_json(bert).unwrap_err();
+        assert_eq!(e.key, "model_type", "{e}");
+        assert!(e.reason.contains("not a decoder"), "{e}");
     }
 }

@@ -422,17 +422,25 @@ fn gold(
     }
 }
 
-impl Iterator for Records {
-    type Item = Result<Record, DataError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl Records {
+    /// The next record with the line it starts on (for errors found after reading, such as a
+    /// label past the steps a `text` segments into).
+    pub fn next_located(&mut self) -> Option<Result<(usize, Record), DataError>> {
         let (line, text) = match self.next_raw()? {
             Ok(x) => x,
             Err(e) => return Some(Err(e)),
         };
         let index = self.index;
         self.index += 1;
-        Some(self.parse(line, &text, index))
+        Some(self.parse(line, &text, index).map(|r| (line, r)))
+    }
+}
+
+impl Iterator for Records {
+    type Item = Result<Record, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_located().map(|r| r.map(|(_, record)| record))
     }
 }
 

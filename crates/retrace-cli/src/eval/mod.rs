@@ -42,6 +42,13 @@ pub use dataset::{DataError, Purpose, Record, Records, read_records, records_fro
 pub use metric::{Averages, Counts, SplitScore, Summary};
 pub use predictions::{Outcome, Row, read_rows};
 pub use report::{Calibration, Report, render_html, render_markdown};
+/// What other tools' reports reuse: sections, tables and plots in the same style.
+pub(crate) mod style {
+    pub(crate) use super::plots::{PlotResult, SPLIT_COLORS, svg, threshold_curve};
+    pub(crate) use super::report::{
+        Section, Table, categories_section, html, markdown, metric_section, section, table,
+    };
+}
 pub use run::RunStats;
 
 use std::path::PathBuf;

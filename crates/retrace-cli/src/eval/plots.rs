@@ -10,9 +10,9 @@ use retrace::trace::ErrorCategory;
 use std::collections::BTreeMap;
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
-type PlotResult = Result<(), Box<dyn std::error::Error>>;
+pub(crate) type PlotResult = Result<(), Box<dyn std::error::Error>>;
 
-const SPLIT_COLORS: [RGBColor; 6] = [
+pub(crate) const SPLIT_COLORS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -22,7 +22,7 @@ const SPLIT_COLORS: [RGBColor; 6] = [
 ];
 
 /// Renders with `draw` into an SVG string; a failure renders as a note, not an error.
-fn svg(size: (u32, u32), draw: impl FnOnce(&Area) -> PlotResult) -> String {
+pub(crate) fn svg(size: (u32, u32), draw: impl FnOnce(&Area) -> PlotResult) -> String {
     let mut buf = String::new();
     let result = {
         let root = SVGBackend::with_string(&mut buf, size).into_drawing_area();

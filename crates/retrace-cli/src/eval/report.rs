@@ -28,25 +28,27 @@ pub struct Calibration {
     pub test: Option<(Summary, Summary)>,
 }
 
-struct Table {
+/// A table of a report section.
+pub(crate) struct Table {
     /// Shown above the table when not empty.
-    caption: String,
-    headers: Vec<String>,
-    rows: Vec<Vec<String>>,
+    pub caption: String,
+    pub headers: Vec<String>,
+    pub rows: Vec<Vec<String>>,
 }
 
-struct Section {
-    title: String,
-    text: Vec<String>,
-    tables: Vec<Table>,
-    plots: Vec<String>,
+/// A section of a report: paragraphs, tables, then plots (SVG).
+pub(crate) struct Section {
+    pub title: String,
+    pub text: Vec<String>,
+    pub tables: Vec<Table>,
+    pub plots: Vec<String>,
 }
 
 fn pct(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".into(), |v| format!("{v:.1}"))
 }
 
-fn table(headers: &[&str], rows: Vec<Vec<String>>) -> Table {
+pub(crate) fn table(headers: &[&str], rows: Vec<Vec<String>>) -> Table {
     Table {
         caption: String::new(),
         headers: headers.iter().map(|h| h.to_string()).collect(),
@@ -54,7 +56,7 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> Table {
     }
 }
 
-fn section(title: &str) -> Section {
+pub(crate) fn section(title: &str) -> Section {
     Section {
         title: title.into(),
         text: vec![],
@@ -140,7 +142,7 @@ fn sections(r: &Report) -> Vec<Section> {
     out
 }
 
-fn metric_section(a: &Analysis) -> Section {
+pub(crate) fn metric_section(a: &Analysis) -> Section {
     let mut m = section("ProcessBench metric");
     m.text.push(format!(
         "{} traces, {} failed requests (counted wrong). Error acc: share of traces with a wrong \
@@ -154,7 +156,7 @@ fn metric_section(a: &Analysis) -> Section {
     m
 }
 
-fn categories_section(c: &CategoryStats) -> Section {
+pub(crate) fn categories_section(c: &CategoryStats) -> Section {
     let mut s = section("Error categories");
     s.text.push(
         "Index acc: the first wrong step is found exactly; category acc: the predicted \
@@ -326,11 +328,16 @@ fn calibration_section(c: &Calibration) -> Section {
 
 /// The report as Markdown (plots are in the HTML page only).
 pub fn render_markdown(r: &Report) -> String {
-    let mut out = format!("# {}\n\n", r.title);
-    for n in &r.notes {
+    markdown(&r.title, &r.notes, &sections(r))
+}
+
+/// A titled page of notes and sections as Markdown (plots are in the HTML page only).
+pub(crate) fn markdown(title: &str, notes: &[String], sections: &[Section]) -> String {
+    let mut out = format!("# {title}\n\n");
+    for n in notes {
         out.push_str(&format!("- {n}\n"));
     }
-    for s in sections(r) {
+    for s in sections {
         out.push_str(&format!("\n## {}\n\n", s.title));
         for t in &s.text {
             out.push_str(t);
@@ -388,15 +395,20 @@ pre{background:#f6f6f6;padding:.6em}figure{margin:1em 0}";
 
 /// The report as one HTML page with the plots inline.
 pub fn render_html(r: &Report) -> String {
+    html(&r.title, &r.notes, &sections(r))
+}
+
+/// A titled page of notes and sections as one HTML page with the plots inline.
+pub(crate) fn html(title: &str, notes: &[String], sections: &[Section]) -> String {
     let mut out = format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{t}</title><style>{STYLE}</style></head><body>\n<h1>{t}</h1>\n<ul>",
-        t = html_escape(&r.title)
+        t = html_escape(title)
     );
-    for n in &r.notes {
+    for n in notes {
         out.push_str(&format!("<li>{}</li>", inline_html(n)));
     }
     out.push_str("</ul>\n");
-    for s in sections(r) {
+    for s in sections {
         out.push_str(&format!("<h2>{}</h2>\n", html_escape(&s.title)));
         for t in &s.text {
             out.push_str(&format!("<p>{}</p>\n", inline_html(t)));

@@ -1,0 +1,143 @@
+//! The decisions dev makes, in order: the tap (a logistic head on each candidate, the best dev
+//! F1 wins), the head kind (an MLP on the winning tap, kept only when its dev F1 beats the
+//! logistic head's by the margin), the threshold, and the category head.
+
+use super::fit::{Fitted, Params};
+use super::head::{Head, HeadKind, Standardiser};
+use super::progress::Progress;
+use super::select::{Problem, StepFit, categories_at, category_classes, fit_category, fit_step};
+use super::taps::Tap;
+use crate::eval::{Curve, ThresholdChoice, sweep};
+use candle_core::{Result, Tensor};
+use retrace::trace::ErrorCategory;
+
+/// One candidate tap's features: a row per step of every trace, in trace order.
+pub(crate) struct Candidate {
+    pub(crate) tap: Tap,
+    pub(crate) rows: Tensor,
+}
+
+/// What to try.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub(crate) params: Params,
+    /// The MLP's hidden width; 0: no MLP is tried.
+    pub(crate) mlp_hidden: usize,
+    /// F1 points by which the MLP must beat the logistic head on dev to be kept.
+    pub(crate) mlp_margin: f64,
+}
+
+/// Everything decided, with what it was decided on.
+pub(crate) struct Outcome {
+    /// A logistic head per candidate tap, in the order given.
+    pub(crate) taps: Vec<(Tap, StepFit)>,
+    pub(crate) winner: usize,
+    /// The MLP tried on the winning tap.
+    pub(crate) mlp: Option<StepFit>,
+    pub(crate) use_mlp: bool,
+    /// Dev's threshold curve for the kept head, and its best point.
+    pub(crate) curve: Curve,
+    pub(crate) threshold: ThresholdChoice,
+    /// The kept head's P(correct) at every feature row, as a server computes it.
+    pub(crate) probs: Vec<f32>,
+    pub(crate) category: Option<Fitted>,
+    /// The category head's choice at every feature row.
+    pub(crate) categories: Option<Vec<ErrorCategory>>,
+}
+
+impl Outcome {
+    /// The step head kept.
+    pub(crate) fn step(&self) -> &StepFit {
+        match (&self.mlp, self.use_mlp) {
+            (Some(m), true) => m,
+            _ => &self.taps[self.winner].1,
+        }
+    }
+
+    pub(crate) fn tap(&self) -> &Tap {
+        &self.taps[self.winner].0
+    }
+
+    pub(crate) fn norm(&self) -> &Standardiser {
+        &self.step().norm
+    }
+
+    pub(crate) fn head(&self) -> &Head {
+        &self.step().fitted.head
+    }
+}
+
+/// The index of the highest `f1`, the first among equals.
+fn best_of(f1: impl Iterator<Item = f64>) -> usize {
+    let mut best: Option<(usize, f64)> = None;
+    for (i, v) in f1.enumerate() {
+        if best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
+        }
+    }
+    best.map_or(0, |(i, _)| i)
+}
+
+/// Trains and decides; `progress` shows a bar per head.
+pub(crate) fn decide(
+    p: &Problem,
+    candidates: &[Candidate],
+    s: &Settings,
+    progress: &Progress,
+) -> Result<Outcome> {
+    let epochs = s.params.epochs;
+    let mut taps = Vec::new();
+    for c in candidates {
+        let bar = progress.training(&format!("logistic, tap {}", c.tap.name), epochs);
+        let fit = fit_step(p, &c.rows, HeadKind::Logistic, &s.params, |e| bar.epoch(e))?;
+        taps.push((c.tap.clone(), fit));
+    }
+    let winner = best_of(taps.iter().map(|(_, f)| f.dev_f1));
+    let f = &candidates[winner].rows;
+    let mlp = match s.mlp_hidden {
+        0 => None,
+        hidden => {
+            let what = format!("mlp {hidden}, tap {}", taps[winner].0.name);
+            let bar = progress.training(&what, epochs);
+            let kind = HeadKind::Mlp { hidden };
+            Some(fit_step(p, f, kind, &s.params, |e| bar.epoch(e))?)
+        }
+    };
+    let use_mlp = mlp
+        .as_ref()
+        .is_some_and(|m| m.dev_f1 > taps[winner].1.dev_f1 + s.mlp_margin);
+    let mut out = Outcome {
+        taps,
+        winner,
+        mlp,
+        use_mlp,
+        curve: sweep(&[]),
+        threshold: sweep(&[]).best(),
+        probs: Vec::new(),
+        category: None,
+        categories: None,
+    };
+    out.probs = out.head().step_probs(out.norm(), f)?;
+    out.curve = sweep(&p.scored(p.dev, &out.probs));
+    out.threshold = out.curve.best();
+    if category_classes(p) >= 2 {
+        let x = out.norm().apply(f)?;
+        let bar = progress.training("category head", epochs);
+        out.category = fit_category(p, &x, &s.params, |e| bar.epoch(e))?;
+        if let Some(c) = &out.category {
+            out.categories = Some(categories_at(&c.head, &x)?);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_of_equals_wins() {
+        assert_eq!(best_of([70.0, 72.0, 72.0, 10.0].into_iter()), 1);
+        assert_eq!(best_of(std::iter::empty()), 0);
+    }
+}

@@ -1,0 +1,385 @@
+//! `retrace train-head`'s options and its flow: read and split the data, load the base, get
+//! the features (cached), train and decide on dev, write the head folder.
+
+use super::cache::FeatureCache;
+use super::choose::{Candidate, Outcome, Settings, decide};
+use super::data::{self, DataFile, Dataset};
+use super::extract::{Base, features, load_base};
+use super::fit::Params;
+use super::output::{Content, FORMAT_VERSION, HeadConfig, check_out, write_folder};
+use super::progress::Progress;
+use super::select::{CATEGORIES, Problem, TraceRows};
+use super::taps::{self, Tap};
+use super::{TrainError, report};
+use crate::eval::{Analysis, Outcome as RowOutcome, Row, first_below};
+use retrace::prm::format::Family;
+use retrace::prm::{DeviceSpec, Dtype};
+use retrace::trace::ErrorCategory;
+use std::path::PathBuf;
+
+/// `retrace train-head`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_long_help = LABELS)]
+pub struct TrainOptions {
+    /// The frozen base: a Hugging Face folder or a .gguf file, any decoder the server loads.
+    #[arg(long)]
+    pub base: PathBuf,
+    /// Labelled traces: any file `retrace eval` reads (ProcessBench JSON arrays, JSONL in
+    /// ProcessBench or ReTraceQA shape, `retrace label` output with categories).
+    #[arg(long, num_args = 1.., required = true)]
+    pub data: Vec<PathBuf>,
+    /// Dev data (taps, head kind, epochs and threshold are chosen on it); must share no
+    /// question with --data. Without it, --dev-share of --data's questions are held out.
+    #[arg(long, num_args = 1..)]
+    pub dev: Vec<PathBuf>,
+    /// Share of --data's distinct questions held out as dev when --dev is not given.
+    #[arg(long, default_value_t = 0.2)]
+    pub dev_share: f64,
+    /// The head folder to write (refused if it exists, unless --force).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Replace an existing --out.
+    #[arg(long)]
+    pub force: bool,
+    /// The PRM family whose formatting (and read positions) the head uses.
+    #[arg(long, default_value = "chat-lm")]
+    pub format: String,
+    /// Candidate taps, comma-separated: final (after the final norm), topN (mean of the top N
+    /// layers), middle, a layer N, a range A-B. The best on dev is kept.
+    #[arg(long, default_value = taps::DEFAULT, value_delimiter = ',')]
+    pub taps: Vec<String>,
+    /// Feature cache folder [default: the cache folder's features/].
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// Seeds the dev split, the shuffles and the MLP's initial weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 60)]
+    pub epochs: usize,
+    /// Epochs without a better dev score before training stops.
+    #[arg(long, default_value_t = 8)]
+    pub patience: usize,
+    /// AdamW's learning rate.
+    #[arg(long, default_value_t = 1e-2)]
+    pub lr: f64,
+    /// AdamW's (decoupled) weight decay.
+    #[arg(long, default_value_t = 1e-2)]
+    pub weight_decay: f64,
+    #[arg(long, default_value_t = 256)]
+    pub batch_size: usize,
+    /// Hidden width of the MLP tried against the logistic head; 0 tries none.
+    #[arg(long, default_value_t = 64)]
+    pub mlp_hidden: usize,
+    /// Dev F1 points by which the MLP must beat the logistic head to be kept.
+    #[arg(long, default_value_t = 1.0)]
+    pub mlp_margin: f64,
+    /// Where the base runs: cpu, cuda, cuda:N [default: cpu].
+    #[arg(long)]
+    pub device: Option<DeviceSpec>,
+    /// The base's dtype [default: f32 on the CPU, bf16 on a GPU].
+    #[arg(long, value_parser = ["f32", "bf16", "f16"])]
+    pub dtype: Option<String>,
+    /// No progress bars.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+const LABELS: &str = "Labels: the task defines only a trace's first error, so steps before a \
+row's `label` are trained as correct, the step at `label` as wrong, and the steps after it are \
+not trained on; a row with label -1 trains every step as correct. Where rows carry a \
+`category`, a second head learns none / misinterpretation / hallucination / reasoning (the \
+first wrong step as its category, correct steps as none).";
+
+/// What `train-head` wrote.
+#[derive(Debug)]
+pub struct Trained {
+    pub out: PathBuf,
+    pub dev_f1: f64,
+    pub threshold: f32,
+    pub head: &'static str,
+    pub layers: Vec<usize>,
+}
+
+impl TrainOptions {
+    fn check(&self) -> Result<(Family, Settings), TrainError> {
+        let usage = |m: &str| Err(TrainError::Usage(m.into()));
+        let format = Family::parse(&self.format).ok_or_else(|| {
+            TrainError::Usage(format!(
+                "--format {:?} is not a PRM family ({})",
+                self.format,
+                Family::names()
+            ))
+        })?;
+        if format == Family::Head {
+            return usage(
+                "--format head: name the format of the base the head reads, e.g. chat-lm",
+            );
+        }
+        if self.epochs == 0 || self.batch_size == 0 {
+            return usage("--epochs and --batch-size must be at least 1");
+        }
+        let positive = |v: f64| v > 0.0 && v.is_finite();
+        let not_negative = |v: f64| v == 0.0 || positive(v);
+        if !positive(self.lr) || !not_negative(self.weight_decay) {
+            return usage("--lr must be positive and --weight-decay not negative");
+        }
+        if !positive(self.dev_share) || self.dev_share >= 1.0 {
+            return usage("--dev-share must lie strictly between 0 and 1");
+        }
+        if !not_negative(self.mlp_margin) {
+            return usage("--mlp-margin must not be negative");
+        }
+        let params = Params {
+            epochs: self.epochs,
+            patience: self.patience,
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            batch_size: self.batch_size,
+            seed: self.seed,
+        };
+        Ok((
+            format,
+            Settings {
+                params,
+                mlp_hidden: self.mlp_hidden,
+                mlp_margin: self.mlp_margin,
+            },
+        ))
+    }
+
+    fn dtype(&self) -> Option<Dtype> {
+        self.dtype.as_deref().map(|d| match d {
+            "bf16" => Dtype::Bf16,
+            "f16" => Dtype::F16,
+            _ => Dtype::F32,
+        })
+    }
+}
+
+/// The data: `--data` and `--dev` as read (features are per whole file), and the traces
+/// each side takes, as indices into `--data`'s traces followed by `--dev`'s.
+struct Split {
+    data: Dataset,
+    dev_data: Dataset,
+    train: Vec<usize>,
+    dev: Vec<usize>,
+}
+
+impl Split {
+    fn trace(&self, i: usize) -> &data::Labelled {
+        match i.checked_sub(self.data.traces.len()) {
+            None => &self.data.traces[i],
+            Some(j) => &self.dev_data.traces[j],
+        }
+    }
+
+    /// The files a side's traces come from, each with the rows it took.
+    fn files(&self, side: &[usize]) -> Vec<DataFile> {
+        let n = self.data.files.len();
+        let mut files: Vec<DataFile> = (self.data.files.iter())
+            .chain(&self.dev_data.files)
+            .cloned()
+            .map(|f| DataFile { rows: 0, ..f })
+            .collect();
+        for &i in side {
+            let t = self.trace(i);
+            let at = if i < self.data.traces.len() {
+                t.file
+            } else {
+                n + t.file
+            };
+            files[at].rows += 1;
+        }
+        files.retain(|f| f.rows > 0);
+        files
+    }
+}
+
+fn split(opts: &TrainOptions) -> Result<Split, TrainError> {
+    let data = data::read(&opts.data)?;
+    let n = data.traces.len();
+    if !opts.dev.is_empty() {
+        let dev_data = data::read(&opts.dev)?;
+        data::check_disjoint(&data, &dev_data)?;
+        let m = dev_data.traces.len();
+        return Ok(Split {
+            data,
+            dev_data,
+            train: (0..n).collect(),
+            dev: (n..n + m).collect(),
+        });
+    }
+    let (train, dev) = data::hold_out(&data.traces, opts.dev_share, opts.seed);
+    if train.is_empty() || dev.is_empty() {
+        return Err(TrainError::Usage(
+            "--data holds too few distinct questions to hold out a dev share; give --dev".into(),
+        ));
+    }
+    Ok(Split {
+        data,
+        dev_data: Dataset::default(),
+        train,
+        dev,
+    })
+}
+
+/// Runs `retrace train-head`.
+pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
+    let (format, settings) = opts.check()?;
+    check_out(&opts.out, opts.force)?;
+    let split = split(&opts)?;
+    let counts = data::label_counts(split.train.iter().map(|&i| split.trace(i)));
+    data::check_two_classes(&counts, &split.files(&split.train))?;
+    let base = load_base(&opts.base, format, opts.device, opts.dtype())?;
+    let taps = taps::resolve(&opts.taps, base.extractor.num_layers())?;
+    let progress = Progress {
+        shown: !opts.no_progress,
+    };
+    let cache = FeatureCache {
+        dir: opts
+            .cache
+            .clone()
+            .unwrap_or_else(|| retrace::env::Env::process().cache_dir().join("features")),
+    };
+    let sets = [&split.data, &split.dev_data];
+    let rows = features(&base, &taps, &sets, &cache, &progress)?;
+    let traces = layout(&sets);
+    let problem = Problem {
+        traces: &traces,
+        train: &split.train,
+        dev: &split.dev,
+    };
+    let candidates: Vec<Candidate> = taps
+        .into_iter()
+        .zip(rows)
+        .map(|(tap, rows)| Candidate { tap, rows })
+        .collect();
+    let outcome = decide(&problem, &candidates, &settings, &progress)?;
+    let config = head_config(&opts, &base, &outcome, &split, counts);
+    write(&opts, &config, &outcome, &problem, &split)
+}
+
+/// Where each trace's steps sit in the feature rows.
+fn layout(sets: &[&Dataset]) -> Vec<TraceRows> {
+    let mut start = 0;
+    let mut out = Vec::new();
+    for set in sets {
+        for t in &set.traces {
+            out.push(TraceRows {
+                split: t.record.split.clone(),
+                label: t.label,
+                category: t.record.category,
+                start,
+                len: t.steps.len(),
+            });
+            start += t.steps.len();
+        }
+    }
+    out
+}
+
+fn head_config(
+    opts: &TrainOptions,
+    base: &Base,
+    out: &Outcome,
+    split: &Split,
+    label_counts: data::LabelCounts,
+) -> HeadConfig {
+    let tap: &Tap = out.tap();
+    HeadConfig {
+        retrace_head: FORMAT_VERSION,
+        base: base.path.clone(),
+        base_sha256: base.sha256.clone(),
+        format: base.format.as_str().into(),
+        layers: tap.layers.clone(),
+        hidden_size: base.extractor.hidden_size(),
+        head: if out.use_mlp { "mlp" } else { "logistic" },
+        mlp_hidden: out.use_mlp.then_some(opts.mlp_hidden),
+        threshold: out.threshold.threshold,
+        categories: out
+            .category
+            .as_ref()
+            .map(|_| CATEGORIES.iter().map(|c| c.as_str()).collect()),
+        label_counts,
+        data: split.files(&split.train),
+        dev: split.files(&split.dev),
+        seed: opts.seed,
+        dev_f1: out.threshold.f1,
+    }
+}
+
+/// Dev's traces as `eval` predictions rows: the scores a server would give, the first step
+/// below the threshold, and the category head's choice there.
+fn dev_rows(out: &Outcome, p: &Problem, split: &Split) -> Vec<Row> {
+    let t = out.threshold.threshold;
+    p.dev
+        .iter()
+        .map(|&i| {
+            let labelled = split.trace(i);
+            let rows = &p.traces[i];
+            let scores = out.probs[rows.start..rows.start + rows.len].to_vec();
+            let first = first_below(&scores, t);
+            let category = match (first, &out.categories) {
+                (-1, _) => ErrorCategory::None,
+                (k, Some(c)) => c[rows.start + k as usize],
+                (_, None) => ErrorCategory::Unspecified,
+            };
+            let outcome = RowOutcome::Judged {
+                evaluator: "head".into(),
+                first_error: first,
+                category,
+                // The server's default aggregate, min over the steps.
+                trace_score: scores.iter().copied().fold(f32::INFINITY, f32::min),
+                outcome_score: None,
+                step_scores: scores,
+                threshold: t,
+                steps: labelled.steps.clone(),
+                rationale: None,
+                agreement: None,
+            };
+            Row::new(&labelled.record, labelled.label, outcome)
+        })
+        .collect()
+}
+
+fn write(
+    opts: &TrainOptions,
+    config: &HeadConfig,
+    out: &Outcome,
+    p: &Problem,
+    split: &Split,
+) -> Result<Trained, TrainError> {
+    let rows = dev_rows(out, p, split);
+    let analysis = Analysis::of(&rows);
+    let (md, html) = report::render(config, out, &analysis);
+    let mut tensors = out.head().tensors();
+    tensors.insert("norm.mean".into(), out.norm().mean.clone());
+    tensors.insert("norm.scale".into(), out.norm().scale.clone());
+    if let Some(c) = &out.category {
+        tensors.extend(c.head.tensors());
+    }
+    let scores: String = rows
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap_or_default() + "\n")
+        .collect();
+    let files = [
+        ("config.json", Content::Text(config_json(config))),
+        ("head.safetensors", Content::Tensors(tensors)),
+        ("dev-scores.jsonl", Content::Text(scores)),
+        ("report.md", Content::Text(md)),
+        ("report.html", Content::Text(html)),
+    ];
+    write_folder(&opts.out, opts.force, &files)?;
+    Ok(Trained {
+        out: opts.out.clone(),
+        dev_f1: config.dev_f1,
+        threshold: config.threshold,
+        head: config.head,
+        layers: config.layers.clone(),
+    })
+}
+
+fn config_json(config: &HeadConfig) -> String {
+    // Plain fields and string-keyed maps only: serialising cannot fail.
+    serde_json::to_string_pretty(config).unwrap_or_default() + "\n"
+}

@@ -1,0 +1,182 @@
+//! Features from the frozen base: the server's `Extractor` (its loading, formatting, batching
+//! and prefix cache), one data file at a time through the feature cache.
+
+use super::TrainError;
+use super::cache::{Entry, FeatureCache, Key};
+use super::data::{Dataset, Labelled};
+use super::progress::Progress;
+use super::taps::Tap;
+use crate::eval::DataError;
+use candle_core::{Device, Tensor};
+use retrace::prm::features::{ExtractError, Extractor};
+use retrace::prm::format::Family;
+use retrace::prm::{Backend, CandleConfig, DeviceSpec, Dtype, PrmConfig};
+use retrace::trace::{Step, Trace};
+use std::path::{Path, PathBuf};
+
+/// The base, loaded, with what ties features to it.
+pub(crate) struct Base {
+    pub(crate) extractor: Extractor,
+    /// The checkpoint, absolute.
+    pub(crate) path: PathBuf,
+    pub(crate) sha256: String,
+    pub(crate) format: Family,
+    /// The device and dtype it runs in, as the cache key records them.
+    pub(crate) precision: String,
+}
+
+/// Loads `path` with `format`'s formatting on `device` in `dtype` (the server's defaults when
+/// unset); every failure names `--base` and the path.
+pub(crate) fn load_base(
+    path: &Path,
+    format: Family,
+    device: Option<DeviceSpec>,
+    dtype: Option<Dtype>,
+) -> Result<Base, TrainError> {
+    let bad = |m: String| TrainError::Usage(format!("--base {}: {m}", path.display()));
+    let abs = std::fs::canonicalize(path).map_err(|e| bad(e.to_string()))?;
+    let cfg = PrmConfig {
+        family: format,
+        model: abs.display().to_string(),
+        backend: Backend::Candle,
+        vllm: None,
+        candle: CandleConfig {
+            device,
+            dtype,
+            ..CandleConfig::default()
+        },
+    };
+    let extractor = Extractor::load(&cfg).map_err(|e| bad(e.to_string()))?;
+    let sha256 = retrace_model::checkpoint_sha256(&abs).map_err(|e| bad(e.to_string()))?;
+    let device = device.unwrap_or_default();
+    let dtype = dtype.unwrap_or(match device {
+        DeviceSpec::Cpu => Dtype::F32,
+        DeviceSpec::Cuda(_) => Dtype::Bf16,
+    });
+    Ok(Base {
+        extractor,
+        path: abs,
+        sha256,
+        format,
+        precision: format!("{device} {dtype:?}").to_lowercase(),
+    })
+}
+
+/// Every trace's features for every tap: one (steps, H) matrix per tap, rows in trace order
+/// across `sets` (the sets' traces one after another), each file read from the cache or
+/// extracted and cached.
+pub(crate) fn features(
+    base: &Base,
+    taps: &[Tap],
+    sets: &[&Dataset],
+    cache: &FeatureCache,
+    progress: &Progress,
+) -> Result<Vec<Tensor>, TrainError> {
+    let mut parts: Vec<Vec<Tensor>> = vec![Vec::new(); taps.len()];
+    for set in sets {
+        for (f, file) in set.files.iter().enumerate() {
+            let traces: Vec<_> = set.traces.iter().filter(|t| t.file == f).collect();
+            let steps: Vec<usize> = traces.iter().map(|t| t.steps.len()).collect();
+            let key = Key {
+                retrace: env!("CARGO_PKG_VERSION").into(),
+                base_sha256: base.sha256.clone(),
+                format: base.format.as_str().into(),
+                taps: taps.iter().map(|t| t.layers.clone()).collect(),
+                precision: base.precision.clone(),
+                file_sha256: file.sha256.clone(),
+            };
+            let entry = match cache.get(&key, &steps) {
+                Some(entry) => entry,
+                None => {
+                    let entry = extract(base, taps, &traces, &file.path, progress)?;
+                    cache.put(&key, &file.path, &entry)?;
+                    entry
+                }
+            };
+            for (part, t) in parts.iter_mut().zip(entry.taps) {
+                part.push(t);
+            }
+        }
+    }
+    parts.iter().map(|p| Ok(Tensor::cat(p, 0)?)).collect()
+}
+
+/// The trace a server would build from a labelled row, reference-free (a head is trained for
+/// the mode a trainer has online).
+fn trace_of(t: &Labelled) -> Trace {
+    Trace {
+        question: t.record.question.clone(),
+        options: t.record.options.clone(),
+        steps: t
+            .steps
+            .iter()
+            .map(|s| Step {
+                text: s.clone(),
+                span: None,
+            })
+            .collect(),
+        reference_answer: None,
+    }
+}
+
+/// One file's traces through the base, with a progress bar; a trace the base cannot take is an
+/// error naming its file and line.
+fn extract(
+    base: &Base,
+    taps: &[Tap],
+    labelled: &[&Labelled],
+    file: &Path,
+    progress: &Progress,
+) -> Result<Entry, TrainError> {
+    let traces: Vec<Trace> = labelled.iter().map(|t| trace_of(t)).collect();
+    let layers: Vec<Vec<usize>> = taps.iter().map(|t| t.layers.clone()).collect();
+    let h = base.extractor.hidden_size();
+    let bar = progress.extraction(&file.display().to_string(), traces.len());
+    let mut flat: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
+    let mut steps = Vec::with_capacity(traces.len());
+    base.extractor
+        .extract_each(
+            &traces,
+            &layers,
+            |_, f| {
+                steps.push(f.steps.len());
+                for step in f.steps {
+                    for (out, v) in flat.iter_mut().zip(step) {
+                        out.extend_from_slice(&v);
+                    }
+                }
+            },
+            |p| bar.set_position(p.traces_done as u64),
+        )
+        .map_err(|e| extract_error(e, labelled, file))?;
+    bar.finish();
+    let rows: usize = steps.iter().sum();
+    let taps = flat
+        .into_iter()
+        .map(|v| Tensor::from_vec(v, (rows, h), &Device::Cpu))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(Entry { steps, taps })
+}
+
+fn extract_error(e: ExtractError, labelled: &[&Labelled], file: &Path) -> TrainError {
+    let at = |index: usize, message: String| match labelled.get(index) {
+        Some(t) => TrainError::Data(DataError {
+            file: file.display().to_string(),
+            line: t.line,
+            message: format!(
+                "row {:?}: {message} (drop the row to train on the rest)",
+                t.record.id
+            ),
+            fatal: false,
+        }),
+        None => TrainError::Usage(format!("extracting {}: {message}", file.display())),
+    };
+    match e {
+        ExtractError::Format { index, error } => at(index, error.to_string()),
+        ExtractError::Trace { index, message } => at(index, message),
+        e => TrainError::Usage(format!(
+            "extracting the features of {}: {e}",
+            file.display()
+        )),
+    }
+}

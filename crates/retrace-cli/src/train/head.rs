@@ -1,0 +1,197 @@
+//! The heads a trained PRM reads, as candle variables: the feature standardiser, the step head
+//! (logistic, or a one-hidden-layer MLP) and the category head, under the tensor names of the
+//! head folder's `head.safetensors`.
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use std::collections::HashMap;
+
+/// Features are standardised before any head: x = (f - mean) / scale.
+#[derive(Debug, Clone)]
+pub(crate) struct Standardiser {
+    pub(crate) mean: Tensor,
+    pub(crate) scale: Tensor,
+}
+
+/// What the step head is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeadKind {
+    Logistic,
+    Mlp { hidden: usize },
+}
+
+/// A head's weights: each a variable the optimiser moves, under its file name.
+#[derive(Debug, Clone)]
+pub(crate) struct Head {
+    pub(crate) kind: HeadKind,
+    /// (name in head.safetensors, variable), in a fixed order.
+    pub(crate) params: Vec<(String, Var)>,
+}
+
+impl Standardiser {
+    /// The mean and standard deviation of each column of `rows` (N, H); a constant column
+    /// keeps scale 1 (it carries nothing, and dividing by 0 would poison it).
+    pub(crate) fn fit(rows: &Tensor) -> Result<Standardiser> {
+        let mean = rows.mean(0)?;
+        let var = rows.broadcast_sub(&mean)?.sqr()?.mean(0)?;
+        let std: Vec<f32> = var.sqrt()?.to_vec1()?;
+        let scale: Vec<f32> = std
+            .into_iter()
+            .map(|s| if s > 1e-6 && s.is_finite() { s } else { 1.0 })
+            .collect();
+        let n = scale.len();
+        Ok(Standardiser {
+            mean,
+            scale: Tensor::from_vec(scale, n, rows.device())?,
+        })
+    }
+
+    pub(crate) fn apply(&self, f: &Tensor) -> Result<Tensor> {
+        f.broadcast_sub(&self.mean)?.broadcast_div(&self.scale)
+    }
+}
+
+/// Uniform in [-bound, bound), drawn from `rng` in row-major order.
+fn uniform(rng: &mut StdRng, shape: (usize, usize), bound: f32, device: &Device) -> Result<Var> {
+    let v: Vec<f32> = (0..shape.0 * shape.1)
+        .map(|_| rng.random_range(-bound..bound))
+        .collect();
+    Var::from_tensor(&Tensor::from_vec(v, shape, device)?)
+}
+
+fn zeros(n: usize, device: &Device) -> Result<Var> {
+    Var::zeros(n, DType::F32, device)
+}
+
+impl Head {
+    /// A step head on `h` features: logistic weights start at zero (the loss is convex); an
+    /// MLP's start uniform in +-1/sqrt(fan_in) from `seed`, so a run repeats exactly.
+    pub(crate) fn step(kind: HeadKind, h: usize, seed: u64, device: &Device) -> Result<Head> {
+        let params = match kind {
+            HeadKind::Logistic => vec![
+                (
+                    "step.weight".into(),
+                    Var::zeros((1, h), DType::F32, device)?,
+                ),
+                ("step.bias".into(), zeros(1, device)?),
+            ],
+            HeadKind::Mlp { hidden } => {
+                let mut rng = StdRng::seed_from_u64(seed);
+                let b1 = 1.0 / (h as f32).sqrt();
+                let b2 = 1.0 / (hidden as f32).sqrt();
+                vec![
+                    (
+                        "step.0.weight".into(),
+                        uniform(&mut rng, (hidden, h), b1, device)?,
+                    ),
+                    ("step.0.bias".into(), zeros(hidden, device)?),
+                    (
+                        "step.2.weight".into(),
+                        uniform(&mut rng, (1, hidden), b2, device)?,
+                    ),
+                    ("step.2.bias".into(), zeros(1, device)?),
+                ]
+            }
+        };
+        Ok(Head { kind, params })
+    }
+
+    /// A softmax head over `classes` on `h` features, starting at zero.
+    pub(crate) fn category(classes: usize, h: usize, device: &Device) -> Result<Head> {
+        Ok(Head {
+            kind: HeadKind::Logistic,
+            params: vec![
+                (
+                    "category.weight".into(),
+                    Var::zeros((classes, h), DType::F32, device)?,
+                ),
+                ("category.bias".into(), zeros(classes, device)?),
+            ],
+        })
+    }
+
+    fn p(&self, i: usize) -> &Tensor {
+        self.params[i].1.as_tensor()
+    }
+
+    /// Logits for standardised rows `x` (N, H): (N, out), out = 1 for a step head.
+    pub(crate) fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        let linear = |x: &Tensor, w: &Tensor, b: &Tensor| x.matmul(&w.t()?)?.broadcast_add(b);
+        match self.kind {
+            HeadKind::Logistic => linear(x, self.p(0), self.p(1)),
+            HeadKind::Mlp { .. } => {
+                let hidden = linear(x, self.p(0), self.p(1))?.relu()?;
+                linear(&hidden, self.p(2), self.p(3))
+            }
+        }
+    }
+
+    /// P(step correct) for raw features `f` (N, H), the way a server computes it.
+    pub(crate) fn step_probs(&self, norm: &Standardiser, f: &Tensor) -> Result<Vec<f32>> {
+        let z = self.logits(&norm.apply(f)?)?;
+        candle_nn::ops::sigmoid(&z)?.flatten_all()?.to_vec1()
+    }
+
+    pub(crate) fn vars(&self) -> Vec<Var> {
+        self.params.iter().map(|(_, v)| v.clone()).collect()
+    }
+
+    /// A copy of the current weights (the optimiser moves the variables in place).
+    pub(crate) fn snapshot(&self) -> Result<Head> {
+        let params = self
+            .params
+            .iter()
+            .map(|(n, v)| Ok((n.clone(), Var::from_tensor(&v.as_tensor().copy()?)?)))
+            .collect::<Result<_>>()?;
+        Ok(Head {
+            kind: self.kind,
+            params,
+        })
+    }
+
+    /// The weights under their file names.
+    pub(crate) fn tensors(&self) -> HashMap<String, Tensor> {
+        self.params
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standardises_columns_and_keeps_constant_ones() {
+        let rows = Tensor::new(&[[1f32, 5.0], [3.0, 5.0]], &Device::Cpu).unwrap();
+        let s = Standardiser::fit(&rows).unwrap();
+        assert_eq!(s.mean.to_vec1::<f32>().unwrap(), [2.0, 5.0]);
+        assert_eq!(s.scale.to_vec1::<f32>().unwrap(), [1.0, 1.0]);
+        let x = s.apply(&rows).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(x, [[-1.0, 0.0], [1.0, 0.0]]);
+    }
+
+    #[test]
+    fn mlp_init_is_seeded_and_shaped() {
+        let kind = HeadKind::Mlp { hidden: 3 };
+        let a = Head::step(kind, 4, 1, &Device::Cpu).unwrap();
+        let b = Head::step(kind, 4, 1, &Device::Cpu).unwrap();
+        let c = Head::step(kind, 4, 2, &Device::Cpu).unwrap();
+        let w = |h: &Head| h.p(0).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(w(&a), w(&b));
+        assert_ne!(w(&a), w(&c));
+        let x = Tensor::ones((5, 4), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(a.logits(&x).unwrap().dims(), [5, 1]);
+        let names: Vec<_> = a.params.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "step.0.weight",
+                "step.0.bias",
+                "step.2.weight",
+                "step.2.bias"
+            ]
+        );
+    }
+}

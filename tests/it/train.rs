@@ -1,0 +1,537 @@
+//! `retrace train-head` on the tiny chat-lm checkpoint and the committed ProcessBench subset:
+//! the head folder it writes, a rerun that reuses the feature cache and repeats the head bit for
+//! bit, bad input refused by file and line or option with nothing left behind (in this process,
+//! through the library the binary calls), and the binary killed midway.
+
+use crate::common::{REPO, processbench};
+use retrace_cli::eval::read_records;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A folder under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "retrace-train-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn tiny_base() -> PathBuf {
+    Path::new(REPO).join("tests/fixtures/tiny/chat-lm")
+}
+
+/// Dev traces for the tiny base: the committed subset's math, olympiadbench and omnimath rows
+/// short enough for its 2,048-token context, as JSONL (their split kept in `dataset`).
+pub fn short_dev(dir: &Path) -> PathBuf {
+    let mut out = String::new();
+    for split in ["math", "olympiadbench", "omnimath"] {
+        let text = std::fs::read_to_string(processbench(split)).unwrap();
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+        for mut r in rows {
+            let steps = r["steps"].as_array().unwrap();
+            let chars = r["problem"].as_str().unwrap().len()
+                + steps
+                    .iter()
+                    .map(|s| s.as_str().unwrap().len())
+                    .sum::<usize>();
+            if chars < 2500 {
+                r["dataset"] = split.into();
+                out.push_str(&format!("{r}\n"));
+            }
+        }
+    }
+    let path = dir.join("dev.jsonl");
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+/// `retrace train-head ARGS` in this process (the library the binary calls): Ok, or the
+/// error as the binary prints it.
+pub fn train_head(args: &[&std::ffi::OsStr]) -> Result<(), String> {
+    #[derive(clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        opts: retrace_cli::train::TrainOptions,
+    }
+    let argv = [os("train-head")].into_iter().chain(args.iter().copied());
+    let cmd = <Cmd as clap::Parser>::try_parse_from(argv.chain([os("--no-progress")]))
+        .map_err(|e| e.to_string())?;
+    retrace_cli::train::train_head(cmd.opts)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+fn os<T: AsRef<std::ffi::OsStr> + ?Sized>(s: &T) -> &std::ffi::OsStr {
+    s.as_ref()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn mtimes(dir: &Path) -> Vec<(String, std::time::SystemTime)> {
+    names(dir)
+        .into_iter()
+        .map(|n| {
+            let m = std::fs::metadata(dir.join(&n)).unwrap().modified().unwrap();
+            (n, m)
+        })
+        .collect()
+}
+
+#[test]
+fn writes_the_head_folder_and_repeats_it_from_the_cache() {
+    let tmp = TempDir::new("folder");
+    let (out, cache, dev) = (tmp.0.join("head"), tmp.0.join("cache"), short_dev(&tmp.0));
+    let gsm8k = processbench("gsm8k");
+    let base = tiny_base();
+    let args = [
+        os(&"--base"),
+        os(&base),
+        os(&"--data"),
+        os(&gsm8k),
+        os(&"--dev"),
+        os(&dev),
+        os(&"--out"),
+        os(&out),
+        os(&"--cache"),
+        os(&cache),
+        os(&"--seed"),
+        os(&"7"),
+    ];
+    train_head(&args).unwrap();
+    assert_eq!(
+        names(&out),
+        [
+            "config.json",
+            "dev-scores.jsonl",
+            "head.safetensors",
+            "report.html",
+            "report.md"
+        ]
+    );
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["retrace_head"], 1);
+    assert_eq!(config["format"], "chat-lm");
+    assert_eq!(config["hidden_size"], 64);
+    assert_eq!(config["seed"], 7);
+    let sha = retrace_model::checkpoint_sha256(&base).unwrap();
+    assert_eq!(config["base_sha256"], sha.as_str());
+    assert!(Path::new(config["base"].as_str().unwrap()).is_absolute());
+    // Counted here from the data: steps up to each first error, all steps of a correct trace.
+    let (mut correct, mut wrong, mut all_correct) = (0, 0, 0);
+    for r in read_records(&gsm8k).unwrap() {
+        let r = r.unwrap();
+        match r.label.expect("the fixture's rows carry labels") {
+            -1 => {
+                correct += r.steps.len();
+                all_correct += 1;
+            }
+            l => {
+                correct += l as usize;
+                wrong += 1;
+            }
+        }
+    }
+    let counts = &config["label_counts"];
+    assert_eq!(counts["correct_steps"], correct);
+    assert_eq!(counts["wrong_steps"], wrong);
+    assert_eq!(counts["traces"], 32);
+    assert_eq!(counts["all_correct_traces"], all_correct);
+    assert!(config["categories"].is_null());
+    let dev_rows = read_records(&dev).unwrap().count();
+    assert_eq!(config["dev"][0]["rows"], dev_rows);
+    let head =
+        candle_core::safetensors::load(out.join("head.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    assert_eq!(head["norm.mean"].dims(), [64]);
+    assert_eq!(head["norm.scale"].dims(), [64]);
+    match config["head"].as_str().unwrap() {
+        "logistic" => assert_eq!(head["step.weight"].dims(), [1, 64]),
+        "mlp" => assert_eq!(head["step.2.weight"].dims(), [1, 64]),
+        other => panic!("head {other}"),
+    }
+    let scores = std::fs::read_to_string(out.join("dev-scores.jsonl")).unwrap();
+    assert_eq!(scores.lines().count(), dev_rows);
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for part in ["## Taps", "final", "| [2] |", "## Threshold", "## Training"] {
+        assert!(report.contains(part), "{part} missing from the report");
+    }
+
+    // Again, same seed: the features come from the cache (untouched) and the head repeats.
+    let cached = mtimes(&cache);
+    assert_eq!(
+        cached.len(),
+        4,
+        "an entry (data, index) per file: {cached:?}"
+    );
+    let first = std::fs::read(out.join("head.safetensors")).unwrap();
+    let mut again = args.to_vec();
+    again.push(os(&"--force"));
+    train_head(&again).unwrap();
+    assert_eq!(mtimes(&cache), cached);
+    assert_eq!(std::fs::read(out.join("head.safetensors")).unwrap(), first);
+    assert_eq!(names(&tmp.0), ["cache", "dev.jsonl", "head"]);
+}
+
+/// Runs train-head with `args` and expects a refusal whose message holds each of `expect`, with
+/// no head folder and no temporary folder left in `dir`.
+fn refused(dir: &Path, args: &[&std::ffi::OsStr], expect: &[&str]) {
+    let before = names(dir);
+    let (out, cache) = (dir.join("head"), dir.join("cache"));
+    let mut all = args.to_vec();
+    all.extend([os(&"--out"), os(&out), os(&"--cache"), os(&cache)]);
+    let err = train_head(&all).expect_err("accepted");
+    for e in expect {
+        assert!(err.contains(e), "{e:?} not in: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    let left: Vec<String> = names(dir)
+        .into_iter()
+        .filter(|n| n != "cache" && !before.contains(n))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+fn jsonl(dir: &Path, name: &str, rows: &[&str]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, rows.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn bad_input_is_refused_by_file_and_line_or_option() {
+    let tmp = TempDir::new("bad");
+    let d = &tmp.0;
+    let base = tiny_base();
+    fn with<'a>(base: &'a Path, data: &'a Path) -> [&'a std::ffi::OsStr; 4] {
+        [os("--base"), os(base), os("--data"), os(data)]
+    }
+    let good = r#"{"question": "q1", "steps": ["a", "b"], "label": 1}"#;
+    let out_of_range = jsonl(
+        d,
+        "range.jsonl",
+        &[
+            good,
+            r#"{"question": "q2", "steps": ["a", "b"], "label": 5}"#,
+        ],
+    );
+    let shown = out_of_range.display().to_string();
+    refused(
+        d,
+        &with(&base, &out_of_range),
+        &[&format!("{shown}:2:"), "`label` 5"],
+    );
+    // A text that segments into fewer steps than its label.
+    let text = jsonl(
+        d,
+        "text.jsonl",
+        &[
+            good,
+            r#"{"question": "q3", "text": "one\n\ntwo", "label": 2}"#,
+        ],
+    );
+    refused(
+        d,
+        &with(&base, &text),
+        &[&format!("{}:2:", text.display()), "segments into 2 steps"],
+    );
+    let one_class = jsonl(
+        d,
+        "one.jsonl",
+        &[
+            r#"{"question": "q1", "steps": ["a"], "label": -1}"#,
+            r#"{"question": "q2", "steps": ["a", "b"], "label": -1}"#,
+        ],
+    );
+    refused(
+        d,
+        &with(&base, &one_class),
+        &["single class", &one_class.display().to_string()],
+    );
+
+    // Dev shares a question with the training data (case and spacing aside).
+    let gsm8k = processbench("gsm8k");
+    let text = std::fs::read_to_string(&gsm8k).unwrap();
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    let mut twin = rows[3].clone();
+    twin["id"] = "twin".into();
+    twin["problem"] = format!("  {}", twin["problem"].as_str().unwrap().to_uppercase()).into();
+    let dev = jsonl(d, "dev.jsonl", &[&twin.to_string()]);
+    let mut args = with(&base, &gsm8k).to_vec();
+    args.extend([os(&"--dev"), os(&dev)]);
+    refused(
+        d,
+        &args,
+        &[
+            &format!("--dev {}:1", dev.display()),
+            &gsm8k.display().to_string(),
+            "gsm8k-3",
+        ],
+    );
+
+    // Bases that are no decoder: an encoder's folder, a file that is no model.
+    let bert = d.join("bert");
+    std::fs::create_dir_all(&bert).unwrap();
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors",
+    ] {
+        std::fs::copy(base.join(f), bert.join(f)).unwrap();
+    }
+    std::fs::write(
+        bert.join("config.json"),
+        r#"{"architectures": ["BertModel"], "model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 640}"#,
+    )
+    .unwrap();
+    let data = jsonl(
+        d,
+        "ok.jsonl",
+        &[good, r#"{"question": "q2", "steps": ["a"], "label": -1}"#],
+    );
+    let args = [os(&"--base"), os(&bert), os(&"--data"), os(&data)];
+    refused(
+        d,
+        &args,
+        &[&format!("--base {}", bert.display()), "model_type", "bert"],
+    );
+    let not_model = d.join("notes.txt");
+    std::fs::write(&not_model, "not a model").unwrap();
+    let args = [os(&"--base"), os(&not_model), os(&"--data"), os(&data)];
+    refused(d, &args, &[&format!("--base {}", not_model.display())]);
+
+    // Options.
+    let mut args = with(&base, &data).to_vec();
+    args.extend([os(&"--taps"), os(&"final,top0")]);
+    refused(d, &args, &["--taps \"top0\""]);
+    let mut args = with(&base, &data).to_vec();
+    args.extend([os(&"--format"), os(&"no-such-family")]);
+    refused(d, &args, &["--format \"no-such-family\""]);
+    std::fs::create_dir_all(d.join("head")).unwrap();
+    refused(d, &with(&base, &data), &["--out", "exists", "--force"]);
+}
+
+#[test]
+fn a_killed_run_leaves_no_head_and_a_sound_cache() {
+    let tmp = TempDir::new("killed");
+    let (out, cache, dev) = (tmp.0.join("head"), tmp.0.join("cache"), short_dev(&tmp.0));
+    let (base, gsm8k) = (tiny_base(), processbench("gsm8k"));
+    let mut args = vec![
+        os(&"--base"),
+        os(&base),
+        os(&"--data"),
+        os(&gsm8k),
+        os(&"--dev"),
+        os(&dev),
+        os(&"--out"),
+        os(&out),
+        os(&"--cache"),
+        os(&cache),
+    ];
+    // Training that would run for hours once the features are in: killed mid-training.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .arg("train-head")
+        .args(&args)
+        .args([
+            "--epochs",
+            "1000000",
+            "--patience",
+            "1000000",
+            "--no-progress",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while names(&cache)
+        .iter()
+        .filter(|n| n.ends_with(".json"))
+        .count()
+        < 2
+    {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "train-head ended early"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "no features in 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        names(&tmp.0),
+        ["cache", "dev.jsonl"],
+        "no head, no temporary folder"
+    );
+    let cached = mtimes(&cache);
+    // The cache it left is whole: a normal run reads it and recomputes nothing.
+    args.extend([os(&"--epochs"), os(&"3")]);
+    train_head(&args).unwrap();
+    assert_eq!(mtimes(&cache), cached);
+    assert!(out.join("head.safetensors").is_file());
+
+    // Killed early (loading the base or extracting, as the machine's speed has it): no head,
+    // and whatever reached the cache is whole, so a later run works.
+    let cache2 = tmp.0.join("cache2");
+    args[9] = os(&cache2);
+    let out2 = tmp.0.join("head2");
+    args[7] = os(&out2);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .arg("train-head")
+        .args(&args)
+        .arg("--no-progress")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    let _ = child.kill();
+    child.wait().unwrap();
+    if !out2.exists() {
+        assert!(
+            names(&tmp.0).iter().all(|n| !n.contains("tmp")),
+            "{:?}",
+            names(&tmp.0)
+        );
+        train_head(&args).unwrap();
+    }
+}
+
+/// `rows` of a ProcessBench file as JSONL with a category each (none for an all-correct trace,
+/// else the three error categories in turn), so a category head is trained too.
+fn with_categories(src: &Path, dest: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(src).unwrap();
+    let rows: Vec<serde_json::Value> = match text.trim_start().starts_with('[') {
+        true => serde_json::from_str(&text).unwrap(),
+        false => text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect(),
+    };
+    let cats = ["misinterpretation", "hallucination", "reasoning"];
+    let out: String = rows
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut r)| {
+            r["category"] = match r["label"].as_i64().unwrap() {
+                -1 => "none".into(),
+                _ => cats[i % 3].into(),
+            };
+            format!("{r}\n")
+        })
+        .collect();
+    std::fs::write(dest, out).unwrap();
+    dest.to_path_buf()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_head_scores_dev_as_training_did() {
+    use crate::common::{request, spawn_retrace};
+    use retrace::api::pb;
+    use retrace_cli::eval::{Row, read_rows};
+    let tmp = TempDir::new("serve");
+    let out = tmp.0.join("head");
+    let data = with_categories(&processbench("gsm8k"), &tmp.0.join("train.jsonl"));
+    let dev = with_categories(&short_dev(&tmp.0), &tmp.0.join("dev-cat.jsonl"));
+    let base = tiny_base();
+    let cache = tmp.0.join("cache");
+    let args = [
+        os("--base"),
+        os(&base),
+        os("--data"),
+        os(&data),
+        os("--dev"),
+        os(&dev),
+        os("--out"),
+        os(&out),
+        os("--cache"),
+        os(&cache),
+    ];
+    train_head(&args).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["categories"][3], "reasoning");
+    let mut rows: Vec<Row> = Vec::new();
+    read_rows(&out.join("dev-scores.jsonl"), |r| rows.push(r)).unwrap();
+    let toml = tmp.0.join("retrace.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[[evaluator]]\nname = \"trained\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n",
+            out.display().to_string()
+        ),
+    )
+    .unwrap();
+    let (_server, channel, _) = spawn_retrace(&[os("--config"), os(&toml)], &[]).await;
+    let mut client = pb::evaluator_client::EvaluatorClient::new(channel);
+    let records: Vec<_> = read_records(&dev).unwrap().map(Result::unwrap).collect();
+    assert_eq!(records.len(), rows.len());
+    let (mut worst, mut errors) = (0.0f32, 0);
+    for (record, row) in records.iter().zip(&rows) {
+        assert_eq!(record.id, row.id);
+        let trace = pb::Trace {
+            question: record.question.clone(),
+            steps: record.steps.clone(),
+            ..Default::default()
+        };
+        let got = client
+            .evaluate(request(&row.id, "trained", trace))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(got.steps.len(), row.step_scores.len(), "{}", row.id);
+        for (s, want) in got.steps.iter().zip(&row.step_scores) {
+            worst = worst.max((s.score - want).abs());
+        }
+        assert_eq!(Some(got.first_error_index), row.prediction, "{}", row.id);
+        let category = pb::ErrorCategory::try_from(got.category).unwrap();
+        let want = row.category.unwrap().as_str().to_uppercase();
+        assert_eq!(
+            category.as_str_name(),
+            format!("ERROR_CATEGORY_{want}"),
+            "{}",
+            row.id
+        );
+        errors += usize::from(got.first_error_index >= 0);
+    }
+    assert!(
+        worst < 1e-5,
+        "served against train-head's dev scores: {worst}"
+    );
+    assert!(
+        errors > 0 && errors < rows.len(),
+        "{errors} of {} flagged",
+        rows.len()
+    );
+}
