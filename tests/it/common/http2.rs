@@ -54,9 +54,20 @@ pub fn unary(
     path: &str,
     message: &impl Message,
 ) -> Result<h2::client::ResponseFuture, h2::Error> {
+    unary_within(connection, addr, path, message, None)
+}
+
+/// `unary` with `grpc-timeout` set to `timeout` (gRPC's text form, e.g. "2000m") when given.
+pub fn unary_within(
+    connection: &mut Connection,
+    addr: SocketAddr,
+    path: &str,
+    message: &impl Message,
+    timeout: Option<&str>,
+) -> Result<h2::client::ResponseFuture, h2::Error> {
     let (response, mut body) = connection
         .send
-        .send_request(grpc_headers(addr, path, None), false)?;
+        .send_request(grpc_headers(addr, path, timeout), false)?;
     body.send_data(frame(message), true)?;
     Ok(response)
 }
@@ -80,4 +91,17 @@ pub async fn finish(response: h2::client::ResponseFuture) -> Result<(Status, Vec
         Status::from_header_map(&trailers).expect("a grpc-status trailer"),
         data,
     ))
+}
+
+/// The one message of a unary answer's body (`finish`'s bytes), decoded.
+pub fn decode_one<M: Message + Default>(data: &[u8]) -> M {
+    assert!(
+        data.len() >= 5,
+        "a gRPC frame needs 5 header bytes, got {}",
+        data.len()
+    );
+    assert_eq!(data[0], 0, "a compressed frame");
+    let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+    assert_eq!(data.len(), 5 + len, "one frame");
+    M::decode(&data[5..]).expect("a well-formed message")
 }
