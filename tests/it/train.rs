@@ -40,6 +40,20 @@ pub fn tiny_base() -> PathBuf {
 /// Dev traces for the tiny base: the committed subset's math, olympiadbench and omnimath rows
 /// short enough for its 2,048-token context, as JSONL (their split kept in `dataset`).
 pub fn short_dev(dir: &Path) -> PathBuf {
+    by_length(dir, "dev.jsonl", |chars| chars < 2500)
+}
+
+/// The first six rows of those `short_dev` leaves out: a test set sharing no question with it.
+pub fn long_test(dir: &Path) -> PathBuf {
+    let path = by_length(dir, "test.jsonl", |chars| chars >= 2500);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let six: String = text.lines().take(6).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&path, six).unwrap();
+    path
+}
+
+/// The math, olympiadbench and omnimath fixture rows whose text length `keep` takes, as JSONL.
+fn by_length(dir: &Path, name: &str, keep: impl Fn(usize) -> bool) -> PathBuf {
     let mut out = String::new();
     for split in ["math", "olympiadbench", "omnimath"] {
         let text = std::fs::read_to_string(processbench(split)).unwrap();
@@ -51,13 +65,13 @@ pub fn short_dev(dir: &Path) -> PathBuf {
                     .iter()
                     .map(|s| s.as_str().unwrap().len())
                     .sum::<usize>();
-            if chars < 2500 {
+            if keep(chars) {
                 r["dataset"] = split.into();
                 out.push_str(&format!("{r}\n"));
             }
         }
     }
-    let path = dir.join("dev.jsonl");
+    let path = dir.join(name);
     std::fs::write(&path, out).unwrap();
     path
 }
@@ -294,6 +308,14 @@ fn bad_input_is_refused_by_file_and_line_or_option() {
             "gsm8k-3",
         ],
     );
+    // So does a test set, which must be held out from both.
+    let mut args = with(&base, &gsm8k).to_vec();
+    args.extend([os(&"--test"), os(&dev)]);
+    refused(
+        d,
+        &args,
+        &[&format!("--test {}:1", dev.display()), "--data", "gsm8k-3"],
+    );
 
     // Bases that are no decoder: an encoder's folder, a file that is no model.
     let bert = d.join("bert");
@@ -464,6 +486,7 @@ async fn a_served_head_scores_dev_as_training_did() {
     let out = tmp.0.join("head");
     let data = with_categories(&processbench("gsm8k"), &tmp.0.join("train.jsonl"));
     let dev = with_categories(&short_dev(&tmp.0), &tmp.0.join("dev-cat.jsonl"));
+    let test = long_test(&tmp.0);
     let base = tiny_base();
     let cache = tmp.0.join("cache");
     let args = [
@@ -473,6 +496,10 @@ async fn a_served_head_scores_dev_as_training_did() {
         os(&data),
         os("--dev"),
         os(&dev),
+        os("--test"),
+        os(&test),
+        os("--max-train"),
+        os("24"),
         os("--out"),
         os(&out),
         os("--cache"),
@@ -482,8 +509,16 @@ async fn a_served_head_scores_dev_as_training_did() {
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["categories"][3], "reasoning");
+    assert_eq!(config["label_counts"]["traces"], 24, "--max-train");
+    // Dev's rows then test's: the server must score both as training did.
     let mut rows: Vec<Row> = Vec::new();
     read_rows(&out.join("dev-scores.jsonl"), |r| rows.push(r)).unwrap();
+    let mut test_rows: Vec<Row> = Vec::new();
+    read_rows(&out.join("test-scores.jsonl"), |r| test_rows.push(r)).unwrap();
+    assert_eq!(test_rows.len(), 6);
+    let mut records: Vec<_> = read_records(&dev).unwrap().map(Result::unwrap).collect();
+    records.extend(read_records(&test).unwrap().map(Result::unwrap));
+    rows.extend(test_rows);
     let toml = tmp.0.join("retrace.toml");
     std::fs::write(
         &toml,
@@ -495,7 +530,6 @@ async fn a_served_head_scores_dev_as_training_did() {
     .unwrap();
     let (_server, channel, _) = spawn_retrace(&[os("--config"), os(&toml)], &[]).await;
     let mut client = pb::evaluator_client::EvaluatorClient::new(channel);
-    let records: Vec<_> = read_records(&dev).unwrap().map(Result::unwrap).collect();
     assert_eq!(records.len(), rows.len());
     let (mut worst, mut errors) = (0.0f32, 0);
     for (record, row) in records.iter().zip(&rows) {

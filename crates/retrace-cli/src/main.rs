@@ -148,6 +148,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 t.threshold,
                 t.dev_f1
             );
+            let x = &t.extraction;
+            println!(
+                "features: {:.1} s, {} traces ({} tokens, {:.0} tokens/s) through the base, {} \
+                 file(s) from the cache; training on {} traces: {:.1} s",
+                x.seconds,
+                x.traces,
+                x.tokens,
+                x.tokens as f64 / x.seconds.max(1e-9),
+                x.cached_files,
+                t.train_traces,
+                t.train_s
+            );
+            if let Some(test) = &t.test {
+                for s in &test.summary.splits {
+                    println!("test {}: {}", s.split, split_line(s));
+                }
+                let f1 = test.summary.average.f1;
+                println!("test mean F1 over splits: {}", percent(f1));
+            }
             Ok(())
         }
         Command::CheckConfig(args) => {
@@ -177,4 +196,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// One split's ProcessBench scores on a line.
+fn split_line(s: &retrace_cli::eval::SplitScore) -> String {
+    format!(
+        "F1 {} (error accuracy {}, correct accuracy {}; {} traces)",
+        percent(s.f1),
+        percent(s.error_acc),
+        percent(s.correct_acc),
+        s.counts.error_total + s.counts.correct_total
+    )
+}
+
+fn percent(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1}"))
 }

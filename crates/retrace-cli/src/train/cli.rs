@@ -4,7 +4,7 @@
 use super::cache::FeatureCache;
 use super::choose::{Candidate, Outcome, Settings, decide};
 use super::data::{self, DataFile, Dataset};
-use super::extract::{Base, features, load_base};
+use super::extract::{Base, Extraction, features, load_base};
 use super::fit::Params;
 use super::output::{Content, FORMAT_VERSION, HeadConfig, check_out, write_folder};
 use super::progress::Progress;
@@ -16,6 +16,7 @@ use retrace::prm::format::Family;
 use retrace::prm::{DeviceSpec, Dtype};
 use retrace::trace::ErrorCategory;
 use std::path::PathBuf;
+use std::time::Instant;
 
 /// `retrace train-head`.
 #[derive(Debug, Clone, clap::Args)]
@@ -32,6 +33,11 @@ pub struct TrainOptions {
     /// question with --data. Without it, --dev-share of --data's questions are held out.
     #[arg(long, num_args = 1..)]
     pub dev: Vec<PathBuf>,
+    /// Held-out test data, scored by the head kept and never used to choose anything; must
+    /// share no question with --data or --dev. Its F1 per split is printed and its scores
+    /// written to test-scores.jsonl (as `retrace eval` writes predictions).
+    #[arg(long, num_args = 1..)]
+    pub test: Vec<PathBuf>,
     /// Share of --data's distinct questions held out as dev when --dev is not given.
     #[arg(long, default_value_t = 0.2)]
     pub dev_share: f64,
@@ -79,6 +85,10 @@ pub struct TrainOptions {
     /// The base's dtype [default: f32 on the CPU, bf16 on a GPU].
     #[arg(long, value_parser = ["f32", "bf16", "f16"])]
     pub dtype: Option<String>,
+    /// Trains on at most N of the training traces, drawn by --seed (dev is unchanged): for a
+    /// learning curve, whose points all read the whole files' cached features.
+    #[arg(long)]
+    pub max_train: Option<usize>,
     /// No progress bars.
     #[arg(long)]
     pub no_progress: bool,
@@ -98,6 +108,15 @@ pub struct Trained {
     pub threshold: f32,
     pub head: &'static str,
     pub layers: Vec<usize>,
+    /// Traces trained on (after --max-train).
+    pub train_traces: usize,
+    /// The features: how long getting them took, and what was extracted rather than read
+    /// from the cache.
+    pub extraction: Extraction,
+    /// Seconds spent training and choosing on dev (every candidate head, and the threshold).
+    pub train_s: f64,
+    /// The kept head on --test, when given.
+    pub test: Option<Analysis>,
 }
 
 impl TrainOptions {
@@ -125,6 +144,9 @@ impl TrainOptions {
         }
         if !positive(self.dev_share) || self.dev_share >= 1.0 {
             return usage("--dev-share must lie strictly between 0 and 1");
+        }
+        if self.max_train == Some(0) {
+            return usage("--max-train must be at least 1");
         }
         if !not_negative(self.mlp_margin) {
             return usage("--mlp-margin must not be negative");
@@ -161,16 +183,25 @@ impl TrainOptions {
 struct Split {
     data: Dataset,
     dev_data: Dataset,
+    test_data: Dataset,
     train: Vec<usize>,
     dev: Vec<usize>,
 }
 
 impl Split {
     fn trace(&self, i: usize) -> &data::Labelled {
-        match i.checked_sub(self.data.traces.len()) {
-            None => &self.data.traces[i],
-            Some(j) => &self.dev_data.traces[j],
+        let (n, m) = (self.data.traces.len(), self.dev_data.traces.len());
+        match i {
+            i if i < n => &self.data.traces[i],
+            i if i < n + m => &self.dev_data.traces[i - n],
+            i => &self.test_data.traces[i - n - m],
         }
+    }
+
+    /// The test traces, as indices after --data's and --dev's.
+    fn test(&self) -> std::ops::Range<usize> {
+        let start = self.data.traces.len() + self.dev_data.traces.len();
+        start..start + self.test_data.traces.len()
     }
 
     /// The files a side's traces come from, each with the rows it took.
@@ -198,13 +229,20 @@ impl Split {
 fn split(opts: &TrainOptions) -> Result<Split, TrainError> {
     let data = data::read(&opts.data)?;
     let n = data.traces.len();
+    let test_data = match opts.test.is_empty() {
+        true => Dataset::default(),
+        false => data::read(&opts.test)?,
+    };
+    data::check_disjoint(&data, "--data", &test_data, "--test")?;
     if !opts.dev.is_empty() {
         let dev_data = data::read(&opts.dev)?;
-        data::check_disjoint(&data, &dev_data)?;
+        data::check_disjoint(&data, "--data", &dev_data, "--dev")?;
+        data::check_disjoint(&dev_data, "--dev", &test_data, "--test")?;
         let m = dev_data.traces.len();
         return Ok(Split {
             data,
             dev_data,
+            test_data,
             train: (0..n).collect(),
             dev: (n..n + m).collect(),
         });
@@ -218,16 +256,25 @@ fn split(opts: &TrainOptions) -> Result<Split, TrainError> {
     Ok(Split {
         data,
         dev_data: Dataset::default(),
+        test_data,
         train,
         dev,
     })
+}
+
+/// `split` with its training side cut to `max` traces, drawn by `seed`.
+fn limit(mut split: Split, max: Option<usize>, seed: u64) -> Split {
+    if let Some(max) = max.filter(|&m| m < split.train.len()) {
+        split.train = data::sample(&split.train, max, seed);
+    }
+    split
 }
 
 /// Runs `retrace train-head`.
 pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
     let (format, settings) = opts.check()?;
     check_out(&opts.out, opts.force)?;
-    let split = split(&opts)?;
+    let split = limit(split(&opts)?, opts.max_train, opts.seed);
     let counts = data::label_counts(split.train.iter().map(|&i| split.trace(i)));
     data::check_two_classes(&counts, &split.files(&split.train))?;
     let base = load_base(&opts.base, format, opts.device, opts.dtype())?;
@@ -241,8 +288,10 @@ pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
             .clone()
             .unwrap_or_else(|| retrace::env::Env::process().cache_dir().join("features")),
     };
-    let sets = [&split.data, &split.dev_data];
-    let rows = features(&base, &taps, &sets, &cache, &progress)?;
+    let sets = [&split.data, &split.dev_data, &split.test_data];
+    let started = Instant::now();
+    let (rows, mut extraction) = features(&base, &taps, &sets, &cache, &progress)?;
+    extraction.seconds = started.elapsed().as_secs_f64();
     let traces = layout(&sets);
     let problem = Problem {
         traces: &traces,
@@ -254,9 +303,20 @@ pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
         .zip(rows)
         .map(|(tap, rows)| Candidate { tap, rows })
         .collect();
+    let started = Instant::now();
     let outcome = decide(&problem, &candidates, &settings, &progress)?;
+    let train_s = started.elapsed().as_secs_f64();
     let config = head_config(&opts, &base, &outcome, &split, counts);
-    write(&opts, &config, &outcome, &problem, &split)
+    let written = write(&opts, &config, &outcome, &problem, &split)?;
+    let test: Vec<usize> = split.test().collect();
+    Ok(Trained {
+        extraction,
+        train_s,
+        train_traces: split.train.len(),
+        test: (!test.is_empty())
+            .then(|| Analysis::of(&scored_rows(&outcome, &problem, &split, &test))),
+        ..written
+    })
 }
 
 /// Where each trace's steps sit in the feature rows.
@@ -308,11 +368,11 @@ fn head_config(
     }
 }
 
-/// Dev's traces as `eval` predictions rows: the scores a server would give, the first step
-/// below the threshold, and the category head's choice there.
-fn dev_rows(out: &Outcome, p: &Problem, split: &Split) -> Vec<Row> {
+/// Traces (dev's or test's) as `eval` predictions rows: the scores a server would give, the
+/// first step below the threshold, and the category head's choice there.
+fn scored_rows(out: &Outcome, p: &Problem, split: &Split, traces: &[usize]) -> Vec<Row> {
     let t = out.threshold.threshold;
-    p.dev
+    traces
         .iter()
         .map(|&i| {
             let labelled = split.trace(i);
@@ -349,8 +409,10 @@ fn write(
     p: &Problem,
     split: &Split,
 ) -> Result<Trained, TrainError> {
-    let rows = dev_rows(out, p, split);
+    let rows = scored_rows(out, p, split, p.dev);
     let analysis = Analysis::of(&rows);
+    let test: Vec<usize> = split.test().collect();
+    let test_rows = scored_rows(out, p, split, &test);
     let (md, html) = report::render(config, out, &analysis);
     let mut tensors = out.head().tensors();
     tensors.insert("norm.mean".into(), out.norm().mean.clone());
@@ -358,17 +420,21 @@ fn write(
     if let Some(c) = &out.category {
         tensors.extend(c.head.tensors());
     }
-    let scores: String = rows
-        .iter()
-        .map(|r| serde_json::to_string(r).unwrap_or_default() + "\n")
-        .collect();
-    let files = [
+    let jsonl = |rows: &[Row]| -> String {
+        rows.iter()
+            .map(|r| serde_json::to_string(r).unwrap_or_default() + "\n")
+            .collect()
+    };
+    let mut files = vec![
         ("config.json", Content::Text(config_json(config))),
         ("head.safetensors", Content::Tensors(tensors)),
-        ("dev-scores.jsonl", Content::Text(scores)),
+        ("dev-scores.jsonl", Content::Text(jsonl(&rows))),
         ("report.md", Content::Text(md)),
         ("report.html", Content::Text(html)),
     ];
+    if !test_rows.is_empty() {
+        files.push(("test-scores.jsonl", Content::Text(jsonl(&test_rows))));
+    }
     write_folder(&opts.out, opts.force, &files)?;
     Ok(Trained {
         out: opts.out.clone(),
@@ -376,6 +442,10 @@ fn write(
         threshold: config.threshold,
         head: config.head,
         layers: config.layers.clone(),
+        train_traces: 0,
+        extraction: Extraction::default(),
+        train_s: 0.0,
+        test: None,
     })
 }
 

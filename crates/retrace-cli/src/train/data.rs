@@ -226,21 +226,36 @@ pub(crate) fn hold_out(traces: &[Labelled], share: f64, seed: u64) -> (Vec<usize
     (train, dev_idx)
 }
 
-/// Refuses a dev set that shares a question with the training set, naming both rows.
-pub(crate) fn check_disjoint(train: &Dataset, dev: &Dataset) -> Result<(), TrainError> {
+/// `n` of `indices`, drawn with `seed`, in their original order.
+pub(crate) fn sample(indices: &[usize], n: usize, seed: u64) -> Vec<usize> {
+    let mut picked = indices.to_vec();
+    picked.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    picked.truncate(n);
+    picked.sort_unstable();
+    picked
+}
+
+/// Refuses a held-out set (`b`, given as option `b_opt`) that shares a question with `a`
+/// (option `a_opt`), naming both rows.
+pub(crate) fn check_disjoint(
+    a: &Dataset,
+    a_opt: &str,
+    b: &Dataset,
+    b_opt: &str,
+) -> Result<(), TrainError> {
     let mut seen: HashMap<String, &Labelled> = HashMap::new();
-    for t in &train.traces {
+    for t in &a.traces {
         seen.entry(t.question_key()).or_insert(t);
     }
-    for d in &dev.traces {
+    for d in &b.traces {
         if let Some(t) = seen.get(&d.question_key()) {
             return Err(TrainError::Usage(format!(
-                "--dev {}:{}: row {:?} has the question of --data {}:{} (row {:?}); one \
-                 question's traces must not be in both train and dev",
-                dev.files[d.file].path.display(),
+                "{b_opt} {}:{}: row {:?} has the question of {a_opt} {}:{} (row {:?}); one \
+                 question's traces must not be on both sides",
+                b.files[d.file].path.display(),
                 d.line,
                 d.record.id,
-                train.files[t.file].path.display(),
+                a.files[t.file].path.display(),
                 t.line,
                 t.record.id
             )));
@@ -309,6 +324,18 @@ mod tests {
         assert!(train.iter().all(|i| !dev_q.contains(&key(i))));
         assert_eq!(hold_out(&traces, 0.3, 7), (train, dev.clone()));
         assert_ne!(hold_out(&traces, 0.3, 8).1, dev);
+    }
+
+    #[test]
+    fn a_sample_is_seeded_ordered_and_drawn_from_the_whole() {
+        let all: Vec<usize> = (0..100).collect();
+        let a = sample(&all, 10, 3);
+        assert_eq!(a.len(), 10);
+        assert!(a.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(a, sample(&all, 10, 3));
+        assert_ne!(a, sample(&all, 10, 4));
+        // Drawn from the whole range, not its head.
+        assert!(a.iter().any(|&i| i >= 50), "{a:?}");
     }
 
     #[test]

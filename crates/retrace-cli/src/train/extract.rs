@@ -71,8 +71,9 @@ pub(crate) fn features(
     sets: &[&Dataset],
     cache: &FeatureCache,
     progress: &Progress,
-) -> Result<Vec<Tensor>, TrainError> {
+) -> Result<(Vec<Tensor>, Extraction), TrainError> {
     let mut parts: Vec<Vec<Tensor>> = vec![Vec::new(); taps.len()];
+    let mut done = Extraction::default();
     for set in sets {
         for (f, file) in set.files.iter().enumerate() {
             let traces: Vec<_> = set.traces.iter().filter(|t| t.file == f).collect();
@@ -86,10 +87,15 @@ pub(crate) fn features(
                 file_sha256: file.sha256.clone(),
             };
             let entry = match cache.get(&key, &steps) {
-                Some(entry) => entry,
+                Some(entry) => {
+                    done.cached_files += 1;
+                    entry
+                }
                 None => {
-                    let entry = extract(base, taps, &traces, &file.path, progress)?;
+                    let (entry, tokens) = extract(base, taps, &traces, &file.path, progress)?;
                     cache.put(&key, &file.path, &entry)?;
+                    done.traces += traces.len();
+                    done.tokens += tokens;
                     entry
                 }
             };
@@ -98,7 +104,22 @@ pub(crate) fn features(
             }
         }
     }
-    parts.iter().map(|p| Ok(Tensor::cat(p, 0)?)).collect()
+    let rows = parts
+        .iter()
+        .map(|p| Ok(Tensor::cat(p, 0)?))
+        .collect::<Result<_, TrainError>>()?;
+    Ok((rows, done))
+}
+
+/// What getting the features took: the traces and tokens run through the base (files read
+/// from the cache add none), and the seconds, set by the caller around the whole of it.
+#[derive(Debug, Clone, Default)]
+pub struct Extraction {
+    pub traces: usize,
+    /// Tokens the base ran, shared ones included (as a server counts a request's tokens).
+    pub tokens: usize,
+    pub cached_files: usize,
+    pub seconds: f64,
 }
 
 /// The trace a server would build from a labelled row, reference-free (a head is trained for
@@ -127,13 +148,14 @@ fn extract(
     labelled: &[&Labelled],
     file: &Path,
     progress: &Progress,
-) -> Result<Entry, TrainError> {
+) -> Result<(Entry, usize), TrainError> {
     let traces: Vec<Trace> = labelled.iter().map(|t| trace_of(t)).collect();
     let layers: Vec<Vec<usize>> = taps.iter().map(|t| t.layers.clone()).collect();
     let h = base.extractor.hidden_size();
     let bar = progress.extraction(&file.display().to_string(), traces.len());
     let mut flat: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
     let mut steps = Vec::with_capacity(traces.len());
+    let mut tokens = 0;
     base.extractor
         .extract_each(
             &traces,
@@ -146,7 +168,10 @@ fn extract(
                     }
                 }
             },
-            |p| bar.set_position(p.traces_done as u64),
+            |p| {
+                tokens = p.tokens_done;
+                bar.set_position(p.traces_done as u64)
+            },
         )
         .map_err(|e| extract_error(e, labelled, file))?;
     bar.finish();
@@ -155,7 +180,7 @@ fn extract(
         .into_iter()
         .map(|v| Tensor::from_vec(v, (rows, h), &Device::Cpu))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    Ok(Entry { steps, taps })
+    Ok((Entry { steps, taps }, tokens))
 }
 
 fn extract_error(e: ExtractError, labelled: &[&Labelled], file: &Path) -> TrainError {

@@ -24,6 +24,7 @@ mod taps;
 mod tests;
 
 pub use cli::{TrainOptions, Trained, train_head};
+pub use extract::Extraction;
 
 use crate::eval::DataError;
 

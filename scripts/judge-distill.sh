@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Judge distillation, end to end: a real instruct judge (Qwen2.5-Coder-1.5B on llama-server,
+# scripts/fetch-judge.sh) labels traces with `retrace label`; a head on SmolLM2-135M (f32) is
+# trained on the labels of some questions with `retrace train-head`; on the other questions'
+# traces, neither trained on, it prints how often the head's first error agrees with the
+# judge's, and each one's cost per trace on this machine (the judge's through `retrace label`,
+# two requests in flight as llama-server has two slots; the head's through a `retrace serve`
+# of it and `retrace eval`, 16 in flight).
+#
+#   scripts/judge-distill.sh --data DIR [--out runs/judge-distill] [--traces 200] [--split S]
+#
+# DIR holds general/ (Mr-Ben, BIG-Bench Mistake); --split names the file whose first --traces
+# traces (in a seeded order) are labelled [default mrben-biology]. `retrace label` resumes: a
+# rerun labels only what is missing.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+DATA="" OUT=runs/judge-distill TRACES=200 SPLIT=mrben-biology
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --data) DATA=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --traces) TRACES=$2; shift 2 ;;
+    --split) SPLIT=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "judge-distill: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$DATA" ] || { echo "judge-distill: --data DIR is required (see --help)" >&2; exit 2; }
+CACHE=${RETRACE_CACHE_DIR:-$HOME/.cache/retrace}
+BASE=$CACHE/smollm2
+[ -f "$BASE/model.safetensors" ] || scripts/fetch-smollm2.sh --f32
+GGUF="$(scripts/fetch-judge.sh)"
+scripts/fetch-llama-server.sh
+LLAMA="$CACHE/llama-server/bin/llama-server"
+cargo build --release --locked --quiet
+BIN="$ROOT/target/release/retrace"
+mkdir -p "$OUT"
+
+# The traces, without their gold labels (the judge's are what the head learns).
+python3 - "$DATA/general/$SPLIT.json" "$OUT/unlabelled.jsonl" "$TRACES" <<'PY'
+import json, random, sys
+rows = json.load(open(sys.argv[1]))
+random.Random(0).shuffle(rows)
+with open(sys.argv[2], "w") as f:
+    for r in rows[: int(sys.argv[3])]:
+        r.pop("label", None)
+        f.write(json.dumps(r) + "\n")
+PY
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+wait_http() { # URL, seconds
+  for _ in $(seq 1 "$2"); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 1; done
+  echo "no answer from $1" >&2; return 1
+}
+
+LPORT=$(free_port)
+"$LLAMA" -m "$GGUF" --host 127.0.0.1 --port "$LPORT" -c 8192 -np 2 -t 2 --jinja \
+  >"$OUT/llama-server.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$LPORT/health" 300
+cat >"$OUT/judge.toml" <<TOML
+[[evaluator]]
+name = "judge"
+kind = "judge"
+base_url = "http://127.0.0.1:$LPORT/v1"
+model = "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M"
+upstream = "llama.cpp"
+output = "json_schema"
+max_tokens = 512
+timeout_s = 900
+cache_entries = 0
+max_concurrency = 2
+TOML
+before=$( [ -f "$OUT/labelled.jsonl" ] && wc -l <"$OUT/labelled.jsonl" || echo 0)
+start=$(date +%s.%N)
+"$BIN" label --config "$OUT/judge.toml" --evaluator judge --data "$OUT/unlabelled.jsonl" \
+  --out "$OUT/labelled.jsonl" --concurrency 2 --no-progress | tee "$OUT/label.log" || true
+end=$(date +%s.%N)
+after=$(wc -l <"$OUT/labelled.jsonl")
+[ "$after" -gt "$before" ] && python3 -c "import json,sys; json.dump({'traces': $after - $before, 'seconds': $end - $start}, open(sys.argv[1], 'w'))" "$OUT/judge-cost.json"
+kill "${PIDS[0]}"; wait "${PIDS[0]}" 2>/dev/null || true
+
+# Train on 70% of the questions, test on the rest.
+python3 - "$OUT" <<'PY'
+import json, random, sys
+out = sys.argv[1]
+rows = [json.loads(l) for l in open(f"{out}/labelled.jsonl")]
+qs = sorted({" ".join(r["problem" if "problem" in r else "question"].lower().split()) for r in rows})
+random.Random(0).shuffle(qs)
+test_q = set(qs[: round(len(qs) * 0.3)])
+key = lambda r: " ".join(r["problem" if "problem" in r else "question"].lower().split())
+with open(f"{out}/train.jsonl", "w") as tr, open(f"{out}/test.jsonl", "w") as te:
+    for r in rows:
+        (te if key(r) in test_q else tr).write(json.dumps(r) + "\n")
+PY
+"$BIN" train-head --base "$BASE" --data "$OUT/train.jsonl" --test "$OUT/test.jsonl" \
+  --cache "$OUT/features" --out "$OUT/head" --force --no-progress | tee "$OUT/train.log"
+
+# The head's cost per trace, served, over the test traces.
+GPORT=$(free_port); MPORT=$(free_port); HPORT=$(free_port)
+cat >"$OUT/head.toml" <<TOML
+[server]
+grpc_addr = "127.0.0.1:$GPORT"
+metrics_addr = "127.0.0.1:$MPORT"
+http_addr = "127.0.0.1:$HPORT"
+
+[[evaluator]]
+name = "head"
+kind = "prm"
+family = "head"
+model = "$ROOT/$OUT/head"
+TOML
+"$BIN" serve --config "$OUT/head.toml" >"$OUT/serve.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$MPORT/metrics" 120
+until grep -q "every evaluator is loaded" "$OUT/serve.log"; do sleep 1; done
+rm -rf "$OUT/head-eval"
+start=$(date +%s.%N)
+"$BIN" eval --server "127.0.0.1:$GPORT" --evaluator head --data "$OUT/test.jsonl" \
+  --out "$OUT/head-eval" --no-progress >/dev/null
+end=$(date +%s.%N)
+python3 - "$OUT" "$start" "$end" <<'PY'
+import json, sys
+out, start, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+rows = [json.loads(l) for l in open(f"{out}/head/test-scores.jsonl")]
+served = [json.loads(l) for l in open(f"{out}/head-eval/predictions.jsonl")]
+agree = sum(r["prediction"] == r["label"] for r in rows)
+same = sum(a["prediction"] == b["prediction"] for a, b in zip(sorted(rows, key=lambda r: r["id"]), sorted(served, key=lambda r: r["id"])))
+judge = json.load(open(f"{out}/judge-cost.json"))
+j, h = judge["seconds"] / judge["traces"], (end - start) / len(served)
+wrong = sum(r["label"] != -1 for r in rows)
+print(f"\n| | judge (Qwen2.5-Coder-1.5B Q4_K_M, llama-server) | head (SmolLM2-135M f32, retrace serve) |")
+print("|---|---:|---:|")
+print(f"| seconds per trace | {j:.2f} ({judge['traces']} traces) | {h:.3f} ({len(served)} traces) |")
+print(f"| head speed-up | | {j / h:.0f}x |")
+print(f"\nOn {len(rows)} test traces (questions neither trained on; {wrong} with a first error by the judge): "
+      f"the head's first error equals the judge's on {agree} ({100 * agree / len(rows):.1f}%); "
+      f"served and trained predictions agree on {same} of {len(served)}.")
+PY
