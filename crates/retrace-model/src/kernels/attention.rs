@@ -98,13 +98,15 @@ pub(crate) fn attend(q: &[f32], nq: usize, groups: &[QueryGroup], dims: Heads, o
 }
 
 /// A thread's working memory: one key block transposed (hd x BK) and its values (BK x hd),
-/// a score tile, and each row's running max and sum.
+/// a score tile, and each row's running max, sum and accumulator (rows x hd, rows padded to
+/// a whole tile).
 struct Scratch {
     kt: Vec<f32>,
     vb: Vec<f32>,
     s: [[f32; BK]; R],
     m: Vec<f32>,
     l: Vec<f32>,
+    acc: Vec<f32>,
 }
 
 impl Scratch {
@@ -116,6 +118,7 @@ impl Scratch {
             s: [[0.0; BK]; R],
             m: vec![0.0; rows],
             l: vec![0.0; rows],
+            acc: vec![0.0; rows.next_multiple_of(R) * dims.hd],
         }
     }
 }
@@ -151,6 +154,7 @@ impl Block<'_> {
         let o_at = |r: usize| (r / group) * width + head(r) * hd;
         sc.m[..rows].fill(f32::NEG_INFINITY);
         sc.l[..rows].fill(0.0);
+        sc.acc[..rows.next_multiple_of(R) * hd].fill(0.0);
         let k_lo = d.first_key(self.pos(0, group));
         let k_hi = self.pos(rows - 1, group) + 1;
         for j0 in (k_lo..k_hi).step_by(BK) {
@@ -165,23 +169,31 @@ impl Block<'_> {
                 }
                 let qs: [&[f32]; R] = std::array::from_fn(|i| q_row(tile[i]));
                 scores(&qs, &sc.kt, &mut sc.s);
-                for (i, &r) in tile.iter().enumerate().take(rows - t0) {
+                let mut alpha = [1f32; R];
+                let (mut lo_all, mut hi_all) = (BK, 0);
+                for (i, &r) in tile.iter().enumerate() {
                     let p = self.pos(r, group);
                     let lo = d.first_key(p).max(j0) - j0;
                     let hi = (p + 1).min(j1).saturating_sub(j0);
-                    if lo < hi {
-                        let acc = &mut out[o_at(r)..o_at(r) + hd];
-                        let state = (&mut sc.m[r], &mut sc.l[r]);
-                        update(&mut sc.s[i], lo, hi, state, &sc.vb, acc);
+                    if i >= rows - t0 || lo >= hi {
+                        // A padding row, or one that sees none of these keys: unchanged.
+                        sc.s[i] = [0.0; BK];
+                        continue;
                     }
+                    let state = (&mut sc.m[r], &mut sc.l[r]);
+                    softmax_step(&mut sc.s[i], lo, hi, state, &mut alpha[i]);
+                    (lo_all, hi_all) = (lo_all.min(lo), hi_all.max(hi));
                 }
+                let acc = &mut sc.acc[t0 * hd..(t0 + R) * hd];
+                weigh_values(&sc.s, &alpha, (lo_all, hi_all), &sc.vb, acc);
             }
         }
         for r in 0..rows {
             let inv = 1.0 / sc.l[r];
-            out[o_at(r)..o_at(r) + hd]
-                .iter_mut()
-                .for_each(|o| *o *= inv);
+            let acc = &sc.acc[r * hd..(r + 1) * hd];
+            for (o, a) in out[o_at(r)..o_at(r) + hd].iter_mut().zip(acc) {
+                *o = a * inv;
+            }
         }
     }
 }
@@ -231,52 +243,76 @@ simd_fn! {
 }
 
 simd_fn! {
-    /// One query row's online-softmax step over the block's keys `lo..hi` (scores `s`, the
-    /// rest masked): the running max `m` and sum `l` updated, the accumulator `acc` rescaled
-    /// and the block's values `vb` (BK x hd) added in, weighted.
-    fn update<M>(
+    /// One query row's online-softmax step over the block's keys `lo..hi` (scores `s`; the
+    /// rest masked): `s` becomes the weights e^(s - new max) (0 where masked), `alpha` the
+    /// factor the row's accumulator is rescaled by, and the running max `m` and sum `l` move.
+    /// Fixed-width loops, so the exponentials run a vector at a time.
+    fn softmax_step<M>(
         s: &mut [f32; BK],
         lo: usize,
         hi: usize,
         state: (&mut f32, &mut f32),
+        alpha: &mut f32,
+    ) {
+        let (m, l) = state;
+        let mut top = [f32::NEG_INFINITY; 16];
+        for j in 0..BK {
+            if j < lo || j >= hi {
+                s[j] = f32::NEG_INFINITY;
+            }
+            top[j % 16] = top[j % 16].max(s[j]);
+        }
+        let m_new = top.iter().fold(*m, |a, &b| a.max(b));
+        // exp(-inf) is 0: a row's first block scales its zero accumulator by 0.
+        *alpha = exp::<M>(*m - m_new);
+        let mut sum = [0f32; 16];
+        for j in 0..BK {
+            s[j] = exp::<M>(s[j] - m_new);
+            sum[j % 16] += s[j];
+        }
+        *l = *l * *alpha + sum.iter().sum::<f32>();
+        *m = m_new;
+    }
+}
+
+simd_fn! {
+    /// `acc` (R rows of hd) = `acc` * `alpha` + `p` (R x BK weights) times the block's values
+    /// `vb` (BK x hd) at keys `lo..hi`: sixteen output lanes of all R rows stay in registers
+    /// across the keys, and each value vector loaded serves the R rows.
+    fn weigh_values<M>(
+        p: &[[f32; BK]; R],
+        alpha: &[f32; R],
+        keys: (usize, usize),
         vb: &[f32],
         acc: &mut [f32],
     ) {
-        let (m, l) = state;
-        let mut top = f32::NEG_INFINITY;
-        for &x in &s[lo..hi] {
-            top = top.max(x);
-        }
-        let m_new = m.max(top);
-        // exp(-inf) is 0: a first block scales the zero accumulator by 0.
-        let alpha = exp::<M>(*m - m_new);
-        let mut sum = 0.0;
-        for x in &mut s[lo..hi] {
-            *x = exp::<M>(*x - m_new);
-            sum += *x;
-        }
-        *l = *l * alpha + sum;
-        *m = m_new;
-        let hd = acc.len();
-        // Sixteen output lanes at a time stay in registers across the block's keys.
-        let mut chunks = acc.chunks_exact_mut(16);
-        for (c, a) in (&mut chunks).enumerate() {
-            let mut lanes: [f32; 16] = std::array::from_fn(|i| a[i] * alpha);
+        let (lo, hi) = keys;
+        let hd = acc.len() / R;
+        let whole = hd - hd % 16;
+        for c in (0..whole).step_by(16) {
+            let mut a: [[f32; 16]; R] =
+                std::array::from_fn(|r| std::array::from_fn(|i| acc[r * hd + c + i] * alpha[r]));
             for j in lo..hi {
-                let v = &vb[j * hd + c * 16..j * hd + c * 16 + 16];
-                for i in 0..16 {
-                    lanes[i] = M::mac(s[j], v[i], lanes[i]);
+                let v = &vb[j * hd + c..j * hd + c + 16];
+                for r in 0..R {
+                    let w = p[r][j];
+                    for i in 0..16 {
+                        a[r][i] = M::mac(w, v[i], a[r][i]);
+                    }
                 }
             }
-            a.copy_from_slice(&lanes);
-        }
-        let tail = hd - hd % 16;
-        for (i, a) in chunks.into_remainder().iter_mut().enumerate() {
-            let mut x = *a * alpha;
-            for j in lo..hi {
-                x = M::mac(s[j], vb[j * hd + tail + i], x);
+            for r in 0..R {
+                acc[r * hd + c..r * hd + c + 16].copy_from_slice(&a[r]);
             }
-            *a = x;
+        }
+        for r in 0..R {
+            for d in whole..hd {
+                let mut x = acc[r * hd + d] * alpha[r];
+                for j in lo..hi {
+                    x = M::mac(p[r][j], vb[j * hd + d], x);
+                }
+                acc[r * hd + d] = x;
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Fused CPU kernels for the decoder's f32 hot path, and the switch between them and candle's
 //! own ops: residual add + RMS norm in one pass (`norm`), SiLU(gate) * up (`silu`), RoPE with
 //! the heads-first transpose (`rope`), and blocked attention with an online softmax
-//! (`attention`), each threaded over rows on candle's thread count (rayon's pool).
+//! (`attention`; `causal`: that kernel over one sequence, alone), each threaded over rows on candle's thread count (rayon's pool).
 //!
 //! Every kernel runs only on the CPU in f32 and falls back to candle's unfused ops for any
 //! other dtype or device, so the CUDA and bf16 paths are what they were. The inner loops are
@@ -9,6 +9,7 @@
 //! the crate is built for baseline x86-64, where they would otherwise use 4-wide SSE2.
 
 mod attention;
+mod causal;
 mod exp;
 mod norm;
 mod rope;
@@ -16,6 +17,7 @@ mod silu;
 mod simd;
 
 pub(crate) use attention::{Heads, KvRun, QueryGroup, attend};
+pub use causal::causal_attention;
 pub use norm::add_rms_norm;
 pub use rope::rope_heads;
 pub use silu::{silu_mul, silu_mul_joined};
