@@ -34,8 +34,10 @@
 //! - `batch.rs`: one batch through the prefix cache (look up, lay out, run, insert, evict).
 //! - `config.rs`: `ModelConfig`, mirroring `config.json` (Llama, Mistral, Qwen2).
 //! - `decoder/`: the packed decoder, run in stages (`stream`, `reads`, `layer`, `attention`,
-//!   `capture`; `packing`: keys and values per packed row); `layers.rs`: linear and embedding
-//!   layers, f32 or quantized.
+//!   `capture`; `packing`: keys and values per packed row; `flash`: attention through the
+//!   fused kernel); `layers.rs`: linear and embedding layers, f32 or quantized.
+//! - `kernels/`: fused CPU f32 kernels (add + RMS norm, SiLU * up, RoPE, blocked attention)
+//!   and `Kernels`, the switch between them and candle's ops.
 //! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair, a
 //!   sequence classifier's `score`); `classifier.rs`: a sequence classifier's own config keys;
 //!   `trained.rs`: a head trained on a frozen base, over the hidden states of chosen layers.
@@ -52,6 +54,7 @@ mod decoder;
 mod error;
 mod gguf;
 mod head;
+pub mod kernels;
 mod layers;
 mod model;
 mod plan;
@@ -66,5 +69,6 @@ pub use config::{ModelConfig, ModelConfigError};
 pub use error::ModelError;
 pub use gguf::Gguf;
 pub use head::HeadSpec;
+pub use kernels::Kernels;
 pub use model::{CacheStats, PrmModel, Reuse, is_gguf};
 pub use trained::{HEAD_CONFIG, HEAD_WEIGHTS, TrainedKind, TrainedSpec, average_states};

@@ -9,6 +9,7 @@ use crate::decoder::Decoder;
 use crate::error::ModelError;
 use crate::gguf::{Gguf, GgufTensors};
 use crate::head::{Head, HeadSpec, matrix_rows};
+use crate::kernels::Kernels;
 use crate::prefix_cache::PrefixCache;
 use crate::weights::FileTensors;
 use candle_core::safetensors::MmapedSafetensors;
@@ -134,6 +135,13 @@ impl PrmModel {
         self.cache =
             (reuse.cache_bytes > 0).then(|| Mutex::new(PrefixCache::new(reuse.cache_bytes)));
         self.share = reuse.share;
+        self
+    }
+
+    /// Which ops the decoder runs: the fused kernels (the default; on CPU f32 only, candle's
+    /// ops elsewhere) or candle's ops everywhere.
+    pub fn with_kernels(mut self, kernels: Kernels) -> Self {
+        self.decoder.set_kernels(kernels);
         self
     }
 
@@ -343,3 +351,7 @@ mod taps_tests;
 #[cfg(test)]
 #[path = "outcome_tests.rs"]
 mod outcome_tests;
+
+#[cfg(test)]
+#[path = "kernels_tests.rs"]
+mod kernels_tests;

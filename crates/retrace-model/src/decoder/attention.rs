@@ -1,14 +1,18 @@
 //! Attention over the packed stream: the projections and RoPE, the chunk plan that splits each
-//! row's queries into blocks, and the causal (and sliding-window) masks those blocks use.
+//! row's queries into blocks, and the causal (and sliding-window) masks those blocks use; on
+//! CPU f32 the fused kernels (`flash`) take RoPE and the attention itself, the eager path
+//! elsewhere.
 
 use super::QuantSource;
 use super::capture::Capture;
+use super::flash::{self, Group};
 use super::layer::linear;
 use super::packing::{Seq, Which};
 use crate::config::ModelConfig;
+use crate::kernels::{Heads, Kernels, rope_heads};
 use crate::layers::Lin;
 use candle_core::{D, DType, Device, Module, Result, Tensor};
-use candle_nn::{VarBuilder, rotary_emb::rope};
+use candle_nn::VarBuilder;
 
 pub(super) struct Attention {
     q_proj: Lin,
@@ -20,6 +24,7 @@ pub(super) struct Attention {
     head_dim: usize,
     /// The layer's sliding window; `None` attends to every earlier key.
     pub(super) window: Option<usize>,
+    pub(super) kernels: Kernels,
 }
 
 /// cos / sin tables, shape (max_positions, head_dim / 2), in the model dtype.
@@ -57,12 +62,14 @@ pub(super) struct Plan {
 /// Queries `start..start + len` (in the row's query stream) over the row's keys at positions
 /// `k_start..k_start + mask's last dim`, with the mask shaped to broadcast over
 /// (1, nkv, group, len, keys). Keys after the chunk are masked for all its queries, and so are
-/// keys before its first query's window: both are left out.
+/// keys before its first query's window: both are left out. `q_pos` holds the queries'
+/// positions (what the fused kernel masks by).
 pub(super) struct Chunk {
-    start: usize,
+    pub(super) start: usize,
     len: usize,
     k_start: usize,
     mask: Tensor,
+    pub(super) q_pos: Vec<u32>,
 }
 
 impl Rope {
@@ -102,10 +109,12 @@ impl Rope {
     }
 }
 
-/// HF rotate-half RoPE; candle's fused kernel wants contiguous input of one dtype.
-fn rope_apply(x: &Tensor, angles: &Angles) -> Result<Tensor> {
-    let (cos, sin) = (&angles.cos, &angles.sin);
-    rope(&x.contiguous()?, &cos.contiguous()?, &sin.contiguous()?)
+impl Angles {
+    /// HF rotate-half RoPE on a projection `x` (tokens, n * hd), scaled by `scale`, split
+    /// into `n` heads: (1, n, tokens, hd).
+    fn apply(&self, x: &Tensor, n: usize, scale: Option<f64>, k: Kernels) -> Result<Tensor> {
+        rope_heads(x, &self.cos, &self.sin, n, scale, k)
+    }
 }
 
 /// Additive f32 mask (R, k_len) for queries at positions `q_pos` (u32, (R,)) over keys at
@@ -148,6 +157,7 @@ impl Chunk {
             len: qp.len(),
             k_start,
             mask: m,
+            q_pos: qp,
         })
     }
 }
@@ -172,14 +182,16 @@ impl Plan {
                         let len = chunk.min(l - start);
                         let first = p0 + start;
                         let k_start = window.map_or(0, |w| (first + 1).saturating_sub(w));
-                        let q_pos = Tensor::arange(first as u32, (first + len) as u32, dev)?;
-                        let mask = mask(&q_pos, k_start, first + len - k_start, window)?;
+                        let q_pos: Vec<u32> = (first as u32..(first + len) as u32).collect();
+                        let qt = Tensor::from_slice(&q_pos, len, dev)?;
+                        let mask = mask(&qt, k_start, first + len - k_start, window)?;
                         let mask = mask.reshape((1, 1, 1, len, ()))?;
                         Ok(Chunk {
                             start,
                             len,
                             k_start,
                             mask,
+                            q_pos,
                         })
                     })
                     .collect::<Result<Vec<_>>>()
@@ -217,6 +229,7 @@ impl Attention {
             n_kv: nkv,
             head_dim: hd,
             window: cfg.window_for_layer(layer),
+            kernels: Kernels::default(),
         })
     }
 
@@ -236,8 +249,7 @@ impl Attention {
         let (k, v) = match x {
             Some(x) => {
                 let n = x.dim(0)?;
-                let k = self.heads(self.k_proj.forward(x)?, self.n_kv, n)?;
-                let k = rope_apply(&k, rope)?;
+                let k = rope.apply(&self.k_proj.forward(x)?, self.n_kv, None, self.kernels)?;
                 let v = self.heads(self.v_proj.forward(x)?, self.n_kv, n)?;
                 capture.take(&k, &v)?;
                 (Some(k), Some(v))
@@ -245,6 +257,27 @@ impl Attention {
             None => (None, None),
         };
         let (q, rows) = self.queries(x, rope, queries)?;
+        if self.kernels.fused_for(&q) {
+            let groups = (0..seqs.len())
+                .map(|row| {
+                    let (q_start, chunks) = self.chunks(queries, row, &seqs[row])?;
+                    let seq = &seqs[row];
+                    Ok(Group {
+                        seq,
+                        q_start,
+                        chunks,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let dims = Heads {
+                heads: self.n_heads,
+                kv: self.n_kv,
+                hd: self.head_dim,
+                window: self.window,
+            };
+            let o = flash::attend(&q, (k.as_ref(), v.as_ref()), layer, &groups, dims)?;
+            return self.o_proj.forward(&o);
+        }
         let mut outs = Vec::new();
         for (row, seq) in seqs.iter().enumerate() {
             let (q_start, chunks) = self.chunks(queries, row, seq)?;
@@ -285,8 +318,11 @@ impl Attention {
             (Queries::Gathered { xq, rope, .. }, _) => (*xq, *rope),
         };
         let rows = xq.dim(0)?;
-        let q = self.heads((self.q_proj.forward(xq)? * scale)?, self.n_heads, rows)?;
-        Ok((rope_apply(&q, rope)?, rows))
+        let q = self.q_proj.forward(xq)?;
+        Ok((
+            rope.apply(&q, self.n_heads, Some(scale), self.kernels)?,
+            rows,
+        ))
     }
 
     /// Where query group `row` begins among the queries (its stream tokens for `Full`; for

@@ -1,6 +1,7 @@
 //! One decoder layer (attention, then the MLP, each after its RMS norm, each added to the
 //! residual stream), run over the whole stream or, for the last layer, at the reads only; and
-//! the linear layers it loads, full or quantized.
+//! the linear layers it loads, full or quantized. A layer hands the next its MLP's output not
+//! yet added (`Residual`): the next layer's norm adds it in the same pass (`add_rms_norm`).
 
 use super::QuantSource;
 use super::attention::{Angles, Attention, Plan, Queries};
@@ -8,18 +9,45 @@ use super::capture::Capture;
 use super::packing::Seq;
 use super::reads::ReadOut;
 use crate::config::ModelConfig;
+use crate::kernels::{Kernels, add_rms_norm, silu_mul, silu_mul_joined};
 use crate::layers::Lin;
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{RmsNorm, VarBuilder};
+use candle_nn::{Linear, RmsNorm, VarBuilder};
 
 pub(super) struct Layer {
     input_layernorm: RmsNorm,
     self_attn: Attention,
     post_attention_layernorm: RmsNorm,
     mlp: Mlp,
+    kernels: Kernels,
 }
 
+/// The residual stream between layers: `x`, plus the last layer's MLP output `h` when it is
+/// not yet added.
+pub(super) struct Residual {
+    x: Tensor,
+    h: Option<Tensor>,
+}
+
+impl Residual {
+    pub(super) fn new(x: Tensor) -> Self {
+        Self { x, h: None }
+    }
+
+    /// The stream with `h` added.
+    pub(super) fn sum(&self) -> Result<Tensor> {
+        match &self.h {
+            Some(h) => &self.x + h,
+            None => Ok(self.x.clone()),
+        }
+    }
+}
+
+/// The MLP. Full gate and up projections are joined into one (2I, H) matrix at load, which the
+/// fused kernels multiply once and read half by half; `gate_proj` and `up_proj` are then views
+/// of its two halves (no second copy), what candle's ops run.
 struct Mlp {
+    gate_up: Option<Linear>,
     gate_proj: Lin,
     up_proj: Lin,
     down_proj: Lin,
@@ -49,16 +77,51 @@ pub(super) fn linear(
 impl Mlp {
     fn new(cfg: &ModelConfig, vb: VarBuilder, quant: QuantSource) -> Result<Self> {
         let (h, i, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
-        Ok(Self {
-            gate_proj: linear(h, i, bias, vb.pp("gate_proj"), quant)?,
-            up_proj: linear(h, i, bias, vb.pp("up_proj"), quant)?,
-            down_proj: linear(i, h, bias, vb.pp("down_proj"), quant)?,
+        let gate_proj = linear(h, i, bias, vb.pp("gate_proj"), quant)?;
+        let up_proj = linear(h, i, bias, vb.pp("up_proj"), quant)?;
+        let down_proj = linear(i, h, bias, vb.pp("down_proj"), quant)?;
+        Ok(match (&gate_proj, &up_proj) {
+            (Lin::Full(g), Lin::Full(u)) if g.bias().is_some() == u.bias().is_some() => {
+                let join = |a: &Tensor, b: &Tensor| Tensor::cat(&[a, b], 0);
+                let w = join(g.weight(), u.weight())?;
+                let b = g
+                    .bias()
+                    .zip(u.bias())
+                    .map(|(a, b)| join(a, b))
+                    .transpose()?;
+                let half = |t: &Tensor, at: usize| t.narrow(0, at, i);
+                let view = |at| -> Result<Lin> {
+                    let b = b.as_ref().map(|b| half(b, at)).transpose()?;
+                    Ok(Lin::Full(Linear::new(half(&w, at)?, b)))
+                };
+                Self {
+                    gate_proj: view(0)?,
+                    up_proj: view(i)?,
+                    gate_up: Some(Linear::new(w, b)),
+                    down_proj,
+                }
+            }
+            _ => Self {
+                gate_up: None,
+                gate_proj,
+                up_proj,
+                down_proj,
+            },
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
-        self.down_proj.forward(&(gate * self.up_proj.forward(x)?)?)
+    fn forward(&self, x: &Tensor, kernels: Kernels) -> Result<Tensor> {
+        let h = match &self.gate_up {
+            Some(gate_up) if kernels.fused_for(x) => {
+                silu_mul_joined(&gate_up.forward(x)?, kernels)?
+            }
+            _ => silu_mul(
+                &self.gate_proj.forward(x)?,
+                &self.up_proj.forward(x)?,
+                kernels,
+            )?,
+        };
+        self.down_proj.forward(&h)
     }
 }
 
@@ -79,7 +142,13 @@ impl Layer {
                 vb.pp("post_attention_layernorm"),
             )?,
             mlp: Mlp::new(cfg, vb.pp("mlp"), quant)?,
+            kernels: Kernels::default(),
         })
+    }
+
+    pub(super) fn set_kernels(&mut self, kernels: Kernels) {
+        self.kernels = kernels;
+        self.self_attn.kernels = kernels;
     }
 
     /// The layer's sliding window, if it has one.
@@ -87,36 +156,43 @@ impl Layer {
         self.self_attn.window
     }
 
+    /// The stream `res` summed (the layer's input) and normed for its attention.
+    pub(super) fn input(&self, res: &Residual) -> Result<(Tensor, Tensor)> {
+        match &res.h {
+            Some(h) => add_rms_norm(&res.x, h, &self.input_layernorm, self.kernels),
+            None => Ok((res.x.clone(), self.input_layernorm.forward(&res.x)?)),
+        }
+    }
+
     /// Every stream token through the layer.
     pub(super) fn forward(
         &self,
         layer: usize,
-        x: &Tensor,
+        res: &Residual,
         seqs: &[Seq],
         rope: &Angles,
         plans: &[Plan],
         capture: &mut Capture,
-    ) -> Result<Tensor> {
-        let xn = self.input_layernorm.forward(x)?;
+    ) -> Result<Residual> {
+        let (x, xn) = self.input(res)?;
         let queries = Queries::Full(plans);
         let h = self
             .self_attn
             .forward(layer, Some(&xn), seqs, rope, &queries, capture)?;
-        self.residual_mlp((x + h)?)
+        self.residual_mlp(&x, &h)
     }
 
     /// Only the rows `xq` (their residual stream before this layer) through the layer, over
-    /// keys from the stream `x` (whose RoPE rows are `rope`) and the cache.
+    /// keys from the normed stream `xn` (whose RoPE rows are `rope`) and the cache.
     pub(super) fn forward_gathered(
         &self,
         layer: usize,
-        x: Option<&Tensor>,
+        xn: Option<&Tensor>,
         xq: &Tensor,
         reads: &ReadOut,
         rope: &Angles,
         capture: &mut Capture,
     ) -> Result<Tensor> {
-        let xn = x.map(|x| self.input_layernorm.forward(x)).transpose()?;
         let xqn = self.input_layernorm.forward(xq)?;
         let queries = Queries::Gathered {
             xq: &xqn,
@@ -125,15 +201,15 @@ impl Layer {
         };
         let h = self
             .self_attn
-            .forward(layer, xn.as_ref(), &reads.seqs, rope, &queries, capture)?;
-        self.residual_mlp((xq + h)?)
+            .forward(layer, xn, &reads.seqs, rope, &queries, capture)?;
+        self.residual_mlp(xq, &h)?.sum()
     }
 
-    /// `x` (after attention) plus the MLP of its post-attention norm.
-    fn residual_mlp(&self, x: Tensor) -> Result<Tensor> {
-        let h = self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&x)?)?;
-        x + h
+    /// `x` plus the attention's `h`, and the MLP of that sum's post-attention norm, not yet
+    /// added.
+    fn residual_mlp(&self, x: &Tensor, h: &Tensor) -> Result<Residual> {
+        let (x, xn) = add_rms_norm(x, h, &self.post_attention_layernorm, self.kernels)?;
+        let h = self.mlp.forward(&xn, self.kernels)?;
+        Ok(Residual { x, h: Some(h) })
     }
 }

@@ -12,9 +12,12 @@
 //! the whole stream (`layer`, `attention`), the last layer at the reads, and what is copied out
 //! (`capture`): keys and values for the prefix cache, and the hidden states of tapped layers
 //! at the reads' rows (a trained head's features), gathered as the stream passes each layer.
+//! On CPU f32 the layers run the fused kernels (`crate::kernels`; `flash`: attention) unless
+//! `set_kernels` asks for candle's ops.
 
 mod attention;
 mod capture;
+mod flash;
 mod layer;
 mod packing;
 mod reads;
@@ -22,6 +25,7 @@ mod stream;
 
 use crate::config::ModelConfig;
 use crate::gguf::Gguf;
+use crate::kernels::Kernels;
 use crate::layers::Emb;
 use crate::plan::{self, Layout};
 use crate::prefix_cache::{Hit, Kv};
@@ -29,7 +33,7 @@ use attention::{Angles, Plan, Rope};
 use candle_core::{Device, Module, Result, Tensor};
 use candle_nn::{RmsNorm, VarBuilder};
 use capture::{Capture, Taps};
-use layer::Layer;
+use layer::{Layer, Residual};
 use reads::{ReadOut, Reads};
 use stream::Stream;
 
@@ -96,6 +100,11 @@ impl Decoder {
                 _ => QUERY_BLOCK_GPU,
             },
         })
+    }
+
+    /// Which ops every layer runs.
+    pub(crate) fn set_kernels(&mut self, kernels: Kernels) {
+        self.layers.iter_mut().for_each(|l| l.set_kernels(kernels));
     }
 
     pub(crate) fn n_layers(&self) -> usize {
@@ -195,14 +204,19 @@ impl Decoder {
             rope: &rope,
             read_out: &read_out,
         };
-        let x = self.through(full, &pass, &mut cap, &mut tapped, &dev)?;
+        let res = self.through(full, &pass, &mut cap, &mut tapped, &dev)?;
+        // The last layer's input, summed, and normed for its keys and values.
+        let (x, xn) = match res.map(|r| last.input(&r)).transpose()? {
+            Some((x, xn)) => (Some(x), Some(xn)),
+            None => (None, None),
+        };
         let xq = read_out.inputs(x.as_ref())?;
         if let Some(below) = n.checked_sub(2) {
             tapped.put(below, &xq);
         }
         let last_in = cap.last_inputs(x.as_ref())?;
         let read =
-            last.forward_gathered(full.len(), x.as_ref(), &xq, &read_out, &rope, &mut cap)?;
+            last.forward_gathered(full.len(), xn.as_ref(), &xq, &read_out, &rope, &mut cap)?;
         tapped.put(n - 1, &read);
         let normed = self.norm.forward(&read)?;
         tapped.put(n, &normed);
@@ -223,7 +237,7 @@ impl Decoder {
         cap: &mut Capture,
         taps: &mut Taps,
         dev: &Device,
-    ) -> Result<Option<Tensor>> {
+    ) -> Result<Option<Residual>> {
         let stream = pass.stream;
         let n = stream.ids.len();
         if n == 0 {
@@ -237,15 +251,15 @@ impl Decoder {
             }
         }
         let ids = Tensor::from_slice(&stream.ids, n, dev)?;
-        let mut x = self.embed_tokens.forward(&ids)?;
+        let mut res = Residual::new(self.embed_tokens.forward(&ids)?);
         for (li, layer) in full.iter().enumerate() {
-            x = layer.forward(li, &x, &stream.seqs, pass.rope, &plans, cap)?;
+            res = layer.forward(li, &res, &stream.seqs, pass.rope, &plans, cap)?;
             // The last of these is the last layer's input, which `run` takes from its reads.
             if li + 1 < full.len() && taps.wants(li) {
-                taps.put(li, &pass.read_out.stream_inputs(&x)?);
+                taps.put(li, &pass.read_out.stream_inputs(&res.sum()?)?);
             }
         }
-        Ok(Some(x))
+        Ok(Some(res))
     }
 }
 

@@ -1,0 +1,318 @@
+//! Blocked causal attention with an online softmax, on f32 slices: for each block of a query
+//! group's queries and each of its kv heads, key blocks in order with a running max, sum and
+//! accumulator per query row, so no (queries x keys) score matrix is ever built and masked
+//! blocks are never computed. Grouped-query heads read their kv head's keys by index; keys
+//! come from runs (the packed stream, or the prefix cache's tensors) in place.
+
+use super::exp::exp;
+use super::simd::simd_fn;
+use rayon::prelude::*;
+
+/// Keys per block: one score tile row is two AVX-512 (four AVX2) registers.
+const BK: usize = 32;
+/// Query rows per score tile.
+const R: usize = 4;
+/// Queries per task: a task's key blocks are gathered once for all its rows.
+const QB: usize = 32;
+
+/// Keys and values at positions `pos..pos + len`: kv head `g`'s key at position `p` is row
+/// `g * stride + offset + p - pos` of `k` (rows of head_dim), and likewise its value in `v`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvRun<'a> {
+    pub(crate) pos: usize,
+    pub(crate) len: usize,
+    pub(crate) k: &'a [f32],
+    pub(crate) v: &'a [f32],
+    pub(crate) stride: usize,
+    pub(crate) offset: usize,
+}
+
+/// Queries at rows `first_row..` of q, one per position of `positions` (ascending), over
+/// the keys of `runs` (ascending, covering every position the queries see).
+pub(crate) struct QueryGroup<'a> {
+    pub(crate) first_row: usize,
+    pub(crate) positions: &'a [u32],
+    pub(crate) runs: &'a [KvRun<'a>],
+}
+
+/// Head counts, head size and sliding window of one attention layer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heads {
+    pub(crate) heads: usize,
+    pub(crate) kv: usize,
+    pub(crate) hd: usize,
+    pub(crate) window: Option<usize>,
+}
+
+impl Heads {
+    /// The first key position a query at `p` sees.
+    fn first_key(&self, p: usize) -> usize {
+        self.window.map_or(0, |w| (p + 1).saturating_sub(w))
+    }
+}
+
+/// Attention of scaled, rotated queries `q` (heads, nq, hd) in `groups` over their keys,
+/// into `out` (nq, heads * hd), which starts zeroed.
+pub(crate) fn attend(q: &[f32], nq: usize, groups: &[QueryGroup], dims: Heads, out: &mut [f32]) {
+    let width = dims.heads * dims.hd;
+    // Tasks in row order, each with its rows of `out`.
+    let mut tasks: Vec<(&QueryGroup, usize, &mut [f32])> = Vec::new();
+    let mut cost = 0;
+    let (mut rest, mut at) = (out, 0);
+    let mut order: Vec<&QueryGroup> = groups.iter().collect();
+    order.sort_by_key(|g| g.first_row);
+    for g in order {
+        for a in (0..g.positions.len()).step_by(QB) {
+            let n = QB.min(g.positions.len() - a);
+            let row = g.first_row + a;
+            let (_, tail) = rest.split_at_mut((row - at) * width);
+            let (mine, tail) = tail.split_at_mut(n * width);
+            (rest, at) = (tail, row + n);
+            let last = g.positions[a + n - 1] as usize;
+            cost += n * (last + 1 - dims.first_key(g.positions[a] as usize)) * width;
+            tasks.push((g, a, mine));
+        }
+    }
+    let run = |scratch: &mut Scratch, (g, a, o): (&QueryGroup, usize, &mut [f32])| {
+        let block = Block {
+            q,
+            nq,
+            dims,
+            group: g,
+            start: a,
+            len: o.len() / width,
+        };
+        for kv in 0..dims.kv {
+            block.head(kv, scratch, o);
+        }
+    };
+    // One element of `cost` is two flops: a few hundred thousand per piece are worth a thread.
+    if super::pieces(cost / 16) == 1 {
+        let mut scratch = Scratch::new(dims);
+        tasks.into_iter().for_each(|t| run(&mut scratch, t));
+    } else {
+        tasks
+            .into_par_iter()
+            .for_each_init(|| Scratch::new(dims), |s, t| run(s, t));
+    }
+}
+
+/// A thread's working memory: one key block transposed (hd x BK) and its values (BK x hd),
+/// a score tile, and each row's running max, sum and accumulator (rows x hd, rows padded to
+/// a whole tile).
+struct Scratch {
+    kt: Vec<f32>,
+    vb: Vec<f32>,
+    s: [[f32; BK]; R],
+    m: Vec<f32>,
+    l: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(dims: Heads) -> Self {
+        let rows = QB * (dims.heads / dims.kv.max(1));
+        Self {
+            kt: vec![0.0; dims.hd * BK],
+            vb: vec![0.0; BK * dims.hd],
+            s: [[0.0; BK]; R],
+            m: vec![0.0; rows],
+            l: vec![0.0; rows],
+            acc: vec![0.0; rows.next_multiple_of(R) * dims.hd],
+        }
+    }
+}
+
+/// One task: queries `start..start + len` of `group`, for every head.
+struct Block<'a> {
+    q: &'a [f32],
+    nq: usize,
+    dims: Heads,
+    group: &'a QueryGroup<'a>,
+    start: usize,
+    len: usize,
+}
+
+impl Block<'_> {
+    /// The block's position at its row `r` (query-major: `r / group`, head `r % group`).
+    fn pos(&self, r: usize, group: usize) -> usize {
+        self.group.positions[self.start + r / group] as usize
+    }
+
+    /// The heads of kv head `kv` for this block's queries, into `out` (the block's rows).
+    fn head(&self, kv: usize, sc: &mut Scratch, out: &mut [f32]) {
+        let d = self.dims;
+        let (hd, group) = (d.hd, d.heads / d.kv);
+        let rows = self.len * group;
+        let width = d.heads * hd;
+        // Row r: query r / group, head kv * group + r % group.
+        let head = |r: usize| kv * group + r % group;
+        let q_row = |r: usize| {
+            let at = (head(r) * self.nq + self.group.first_row + self.start + r / group) * hd;
+            &self.q[at..at + hd]
+        };
+        let o_at = |r: usize| (r / group) * width + head(r) * hd;
+        sc.m[..rows].fill(f32::NEG_INFINITY);
+        sc.l[..rows].fill(0.0);
+        sc.acc[..rows.next_multiple_of(R) * hd].fill(0.0);
+        let k_lo = d.first_key(self.pos(0, group));
+        let k_hi = self.pos(rows - 1, group) + 1;
+        for j0 in (k_lo..k_hi).step_by(BK) {
+            let j1 = (j0 + BK).min(k_hi);
+            gather(self.group.runs, kv, hd, j0, j1, &mut sc.kt, &mut sc.vb);
+            for t0 in (0..rows).step_by(R) {
+                let tile: [usize; R] = std::array::from_fn(|i| (t0 + i).min(rows - 1));
+                // Positions ascend with rows: past the tile's last query's key range, or
+                // before the first one's window, the whole tile is masked.
+                if j0 > self.pos(tile[R - 1], group) || j1 <= d.first_key(self.pos(t0, group)) {
+                    continue;
+                }
+                let qs: [&[f32]; R] = std::array::from_fn(|i| q_row(tile[i]));
+                scores(&qs, &sc.kt, &mut sc.s);
+                let mut alpha = [1f32; R];
+                let (mut lo_all, mut hi_all) = (BK, 0);
+                for (i, &r) in tile.iter().enumerate() {
+                    let p = self.pos(r, group);
+                    let lo = d.first_key(p).max(j0) - j0;
+                    let hi = (p + 1).min(j1).saturating_sub(j0);
+                    if i >= rows - t0 || lo >= hi {
+                        // A padding row, or one that sees none of these keys: unchanged.
+                        sc.s[i] = [0.0; BK];
+                        continue;
+                    }
+                    let state = (&mut sc.m[r], &mut sc.l[r]);
+                    softmax_step(&mut sc.s[i], lo, hi, state, &mut alpha[i]);
+                    (lo_all, hi_all) = (lo_all.min(lo), hi_all.max(hi));
+                }
+                let acc = &mut sc.acc[t0 * hd..(t0 + R) * hd];
+                weigh_values(&sc.s, &alpha, (lo_all, hi_all), &sc.vb, acc);
+            }
+        }
+        for r in 0..rows {
+            let inv = 1.0 / sc.l[r];
+            let acc = &sc.acc[r * hd..(r + 1) * hd];
+            for (o, a) in out[o_at(r)..o_at(r) + hd].iter_mut().zip(acc) {
+                *o = a * inv;
+            }
+        }
+    }
+}
+
+/// Keys `j0..j1` of kv head `kv` from `runs`: transposed into `kt` (hd x BK), values into
+/// `vb` (BK x hd); a short block's remaining columns are zeroed (they are masked).
+fn gather(
+    runs: &[KvRun],
+    kv: usize,
+    hd: usize,
+    j0: usize,
+    j1: usize,
+    kt: &mut [f32],
+    vb: &mut [f32],
+) {
+    if j1 - j0 < BK {
+        kt.fill(0.0);
+    }
+    for run in runs {
+        let (lo, hi) = (run.pos.max(j0), (run.pos + run.len).min(j1));
+        for p in lo..hi {
+            let row = (kv * run.stride + run.offset + p - run.pos) * hd;
+            let j = p - j0;
+            for (d, &k) in run.k[row..row + hd].iter().enumerate() {
+                kt[d * BK + j] = k;
+            }
+            vb[j * hd..(j + 1) * hd].copy_from_slice(&run.v[row..row + hd]);
+        }
+    }
+}
+
+simd_fn! {
+    /// The score tile `s` = `q` (R rows of hd) times `kt` (hd x BK): each query element
+    /// broadcast against a row of BK keys, the tile's R x BK sums held in registers.
+    fn scores<M>(q: &[&[f32]; R], kt: &[f32], s: &mut [[f32; BK]; R]) {
+        let mut acc = [[0f32; BK]; R];
+        for (d, k) in kt.chunks_exact(BK).enumerate() {
+            for r in 0..R {
+                let qd = q[r][d];
+                for j in 0..BK {
+                    acc[r][j] = M::mac(qd, k[j], acc[r][j]);
+                }
+            }
+        }
+        *s = acc;
+    }
+}
+
+simd_fn! {
+    /// One query row's online-softmax step over the block's keys `lo..hi` (scores `s`; the
+    /// rest masked): `s` becomes the weights e^(s - new max) (0 where masked), `alpha` the
+    /// factor the row's accumulator is rescaled by, and the running max `m` and sum `l` move.
+    /// Fixed-width loops, so the exponentials run a vector at a time.
+    fn softmax_step<M>(
+        s: &mut [f32; BK],
+        lo: usize,
+        hi: usize,
+        state: (&mut f32, &mut f32),
+        alpha: &mut f32,
+    ) {
+        let (m, l) = state;
+        let mut top = [f32::NEG_INFINITY; 16];
+        for j in 0..BK {
+            if j < lo || j >= hi {
+                s[j] = f32::NEG_INFINITY;
+            }
+            top[j % 16] = top[j % 16].max(s[j]);
+        }
+        let m_new = top.iter().fold(*m, |a, &b| a.max(b));
+        // exp(-inf) is 0: a row's first block scales its zero accumulator by 0.
+        *alpha = exp::<M>(*m - m_new);
+        let mut sum = [0f32; 16];
+        for j in 0..BK {
+            s[j] = exp::<M>(s[j] - m_new);
+            sum[j % 16] += s[j];
+        }
+        *l = *l * *alpha + sum.iter().sum::<f32>();
+        *m = m_new;
+    }
+}
+
+simd_fn! {
+    /// `acc` (R rows of hd) = `acc` * `alpha` + `p` (R x BK weights) times the block's values
+    /// `vb` (BK x hd) at keys `lo..hi`: sixteen output lanes of all R rows stay in registers
+    /// across the keys, and each value vector loaded serves the R rows.
+    fn weigh_values<M>(
+        p: &[[f32; BK]; R],
+        alpha: &[f32; R],
+        keys: (usize, usize),
+        vb: &[f32],
+        acc: &mut [f32],
+    ) {
+        let (lo, hi) = keys;
+        let hd = acc.len() / R;
+        let whole = hd - hd % 16;
+        for c in (0..whole).step_by(16) {
+            let mut a: [[f32; 16]; R] =
+                std::array::from_fn(|r| std::array::from_fn(|i| acc[r * hd + c + i] * alpha[r]));
+            for j in lo..hi {
+                let v = &vb[j * hd + c..j * hd + c + 16];
+                for r in 0..R {
+                    let w = p[r][j];
+                    for i in 0..16 {
+                        a[r][i] = M::mac(w, v[i], a[r][i]);
+                    }
+                }
+            }
+            for r in 0..R {
+                acc[r * hd + c..r * hd + c + 16].copy_from_slice(&a[r]);
+            }
+        }
+        for r in 0..R {
+            for d in whole..hd {
+                let mut x = acc[r * hd + d] * alpha[r];
+                for j in lo..hi {
+                    x = M::mac(p[r][j], vb[j * hd + d], x);
+                }
+                acc[r * hd + d] = x;
+            }
+        }
+    }
+}
