@@ -270,8 +270,8 @@ simd_fn! {
         let mut sum = [0f32; 16];
         for c in s.chunks_exact_mut(16) {
             let e: [f32; 16] = std::array::from_fn(|i| exp::<M>(c[i] - m_new));
+            c.copy_from_slice(&e);
             for i in 0..16 {
-                c[i] = e[i];
                 sum[i] += e[i];
             }
         }
