@@ -3,7 +3,8 @@
 //! per-token cost at 2,048 against 512, each kernel alone, and the forward's useful GFLOP/s as
 //! a share of this machine's f32 matmul peak, measured in the same run.
 //!
-//! `cargo run --release -p retrace-model --example kernels -- [--model DIR] [--rounds N]`
+//! `cargo run --release -p retrace-model --example kernels -- [--model DIR] [--rounds N]
+//! [--only fused|candle]` (`--only`: one kernel set's forwards and nothing else, to profile).
 //!
 //! DIR is a Hugging Face folder (f32 safetensors). Without one, a SmolLM2-135M folder under
 //! `~/.cache/retrace/` is used when there is one, else a random-weight model of SmolLM2-135M's
@@ -49,6 +50,16 @@ fn main() -> Res<()> {
         args.get(i + 1).cloned()
     };
     let rounds: usize = flag("--rounds").map_or(Ok(3), |r| r.parse())?;
+    if let Some(only) = flag("--only") {
+        let k = if only == "candle" {
+            Kernels::Candle
+        } else {
+            Kernels::Fused
+        };
+        let (dir, _) = find_or_make()?;
+        let model = PrmModel::load(&dir, HeadSpec::States, &Device::Cpu, DType::F32)?;
+        return profile(model.with_kernels(k), read_shape(&dir)?, rounds);
+    }
     let (dir, what) = match flag("--model") {
         Some(d) => (PathBuf::from(d), "the model given".to_string()),
         None => find_or_make()?,
@@ -60,8 +71,8 @@ fn main() -> Res<()> {
         candle_core::utils::get_num_threads(),
         simd()
     );
+    // Measured before and after the forwards, the best kept: the cores may be shared.
     let peak = matmul_peak()?;
-    println!("f32 matmul peak (2048^3, best of 5): {peak:.1} GFLOP/s\n");
     let model = PrmModel::load(&dir, HeadSpec::States, &Device::Cpu, DType::F32)?;
     let per_token = forwards(model, shape, rounds, peak)?;
     println!("\nper-token cost, 2048 tokens vs 512:");
@@ -100,6 +111,8 @@ fn forwards(mut model: PrmModel, s: Shape, rounds: usize, peak: f64) -> Res<[(f6
             }
         }
     }
+    let peak = peak.max(matmul_peak()?);
+    println!("f32 matmul peak (2048^3, best of 10 around the forwards): {peak:.1} GFLOP/s\n");
     println!("forward (median of {rounds} rounds, each read at its last token):");
     println!(
         "  {:<9} {:>13} {:>13} {:>7} {:>14} {:>14}",
@@ -130,6 +143,17 @@ fn forwards(mut model: PrmModel, s: Shape, rounds: usize, peak: f64) -> Res<[(f6
         }
     }
     Ok(per_token)
+}
+
+/// `rounds` forwards of 2,048 tokens with the model's kernel set, for a profiler.
+fn profile(model: PrmModel, s: Shape, rounds: usize) -> Res<()> {
+    let ids = random_ids(2048, 0, s.vocab);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        model.states(&[&ids], &[&[2047]], &[s.layers])?;
+        println!("1 x 2048: {:.0} tok/s", 2048.0 / t.elapsed().as_secs_f64());
+    }
+    Ok(())
 }
 
 /// The useful FLOPs of a forward over `rows` rows of `len` tokens, each read at its last

@@ -255,20 +255,25 @@ simd_fn! {
         alpha: &mut f32,
     ) {
         let (m, l) = state;
+        s[..lo].fill(f32::NEG_INFINITY);
+        s[hi..].fill(f32::NEG_INFINITY);
+        // Sixteen lanes at a time, so each line below is one vector instruction (or a few).
         let mut top = [f32::NEG_INFINITY; 16];
-        for j in 0..BK {
-            if j < lo || j >= hi {
-                s[j] = f32::NEG_INFINITY;
+        for c in s.chunks_exact(16) {
+            for i in 0..16 {
+                top[i] = top[i].max(c[i]);
             }
-            top[j % 16] = top[j % 16].max(s[j]);
         }
         let m_new = top.iter().fold(*m, |a, &b| a.max(b));
         // exp(-inf) is 0: a row's first block scales its zero accumulator by 0.
         *alpha = exp::<M>(*m - m_new);
         let mut sum = [0f32; 16];
-        for j in 0..BK {
-            s[j] = exp::<M>(s[j] - m_new);
-            sum[j % 16] += s[j];
+        for c in s.chunks_exact_mut(16) {
+            let e: [f32; 16] = std::array::from_fn(|i| exp::<M>(c[i] - m_new));
+            c.copy_from_slice(&e);
+            for i in 0..16 {
+                sum[i] += e[i];
+            }
         }
         *l = *l * *alpha + sum.iter().sum::<f32>();
         *m = m_new;

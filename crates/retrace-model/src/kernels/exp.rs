@@ -14,7 +14,9 @@ const HIGH: f32 = 88.376_26;
 pub(crate) fn exp<M: Mac>(x: f32) -> f32 {
     // 1.5 * 2^23: adding it rounds to the nearest integer, which the low mantissa bits hold.
     const ROUND: f32 = 12_582_912.0;
-    let xc = x.clamp(LOW, HIGH);
+    // max / min, not clamp: clamp's NaN and order checks keep loops from vectorizing.
+    #[allow(clippy::manual_clamp)]
+    let xc = x.max(LOW).min(HIGH);
     let t = M::mac(xc, std::f32::consts::LOG2_E, ROUND);
     let n = t - ROUND;
     // x - n ln 2, with ln 2 split in two so the first product is exact.
