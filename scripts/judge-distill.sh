@@ -3,9 +3,9 @@
 # scripts/fetch-judge.sh) labels traces with `retrace label`; a head on SmolLM2-135M (f32) is
 # trained on the labels of some questions with `retrace train-head`; on the other questions'
 # traces, neither trained on, it prints how often the head's first error agrees with the
-# judge's, and each one's cost per trace on this machine (the judge's through `retrace label`,
-# two requests in flight as llama-server has two slots; the head's through a `retrace serve`
-# of it and `retrace eval`, 16 in flight).
+# judge's, and each one's cost per trace on this machine, measured side by side in alternating
+# rounds on the same test traces (the judge through `retrace eval`, two requests in flight as
+# llama-server has two slots; the head through a `retrace serve` of it, 16 in flight).
 #
 #   scripts/judge-distill.sh --data DIR [--out runs/judge-distill] [--traces 200] [--split S]
 #
@@ -75,14 +75,8 @@ timeout_s = 900
 cache_entries = 0
 max_concurrency = 2
 TOML
-before=$( [ -f "$OUT/labelled.jsonl" ] && wc -l <"$OUT/labelled.jsonl" || echo 0)
-start=$(date +%s.%N)
 "$BIN" label --config "$OUT/judge.toml" --evaluator judge --data "$OUT/unlabelled.jsonl" \
   --out "$OUT/labelled.jsonl" --concurrency 2 --no-progress | tee "$OUT/label.log" || true
-end=$(date +%s.%N)
-after=$(wc -l <"$OUT/labelled.jsonl")
-[ "$after" -gt "$before" ] && python3 -c "import json,sys; json.dump({'traces': $after - $before, 'seconds': $end - $start}, open(sys.argv[1], 'w'))" "$OUT/judge-cost.json"
-kill "${PIDS[0]}"; wait "${PIDS[0]}" 2>/dev/null || true
 
 # Train on 70% of the questions, test on the rest.
 python3 - "$OUT" <<'PY'
@@ -100,7 +94,7 @@ PY
 "$BIN" train-head --base "$BASE" --data "$OUT/train.jsonl" --test "$OUT/test.jsonl" \
   --cache "$OUT/features" --out "$OUT/head" --force --no-progress | tee "$OUT/train.log"
 
-# The head's cost per trace, served, over the test traces.
+# Each one's cost per trace on the same test traces, side by side: alternating rounds.
 GPORT=$(free_port); MPORT=$(free_port); HPORT=$(free_port)
 cat >"$OUT/head.toml" <<TOML
 [server]
@@ -117,27 +111,35 @@ TOML
 "$BIN" serve --config "$OUT/head.toml" >"$OUT/serve.log" 2>&1 &
 PIDS+=($!)
 wait_http "http://127.0.0.1:$MPORT/metrics" 120
-until grep -q "every evaluator is loaded" "$OUT/serve.log"; do sleep 1; done
-rm -rf "$OUT/head-eval"
-start=$(date +%s.%N)
-"$BIN" eval --server "127.0.0.1:$GPORT" --evaluator head --data "$OUT/test.jsonl" \
-  --out "$OUT/head-eval" --no-progress >/dev/null
-end=$(date +%s.%N)
-python3 - "$OUT" "$start" "$end" <<'PY'
+head -n "${COST_TRACES:-12}" "$OUT/test.jsonl" >"$OUT/cost.jsonl"
+timed() { # NAME, eval options...
+  local name=$1; shift
+  rm -rf "$OUT/cost-$name"
+  local start; start=$(date +%s.%N)
+  "$BIN" eval --data "$OUT/cost.jsonl" --out "$OUT/cost-$name" --no-progress "$@" >/dev/null
+  echo "$name $(echo "$(date +%s.%N) - $start" | bc)" >>"$OUT/cost.txt"
+}
+: >"$OUT/cost.txt"
+for round in 1 2; do
+  timed judge --config "$OUT/judge.toml" --evaluator judge --concurrency 2
+  timed head --server "127.0.0.1:$GPORT" --evaluator head
+done
+python3 - "$OUT" <<'PY'
 import json, sys
-out, start, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+out = sys.argv[1]
 rows = [json.loads(l) for l in open(f"{out}/head/test-scores.jsonl")]
-served = [json.loads(l) for l in open(f"{out}/head-eval/predictions.jsonl")]
+n = sum(1 for _ in open(f"{out}/cost.jsonl"))
+cost = {}
+for line in open(f"{out}/cost.txt"):
+    name, secs = line.split()
+    cost.setdefault(name, []).append(float(secs) / n)
 agree = sum(r["prediction"] == r["label"] for r in rows)
-same = sum(a["prediction"] == b["prediction"] for a, b in zip(sorted(rows, key=lambda r: r["id"]), sorted(served, key=lambda r: r["id"])))
-judge = json.load(open(f"{out}/judge-cost.json"))
-j, h = judge["seconds"] / judge["traces"], (end - start) / len(served)
 wrong = sum(r["label"] != -1 for r in rows)
-print(f"\n| | judge (Qwen2.5-Coder-1.5B Q4_K_M, llama-server) | head (SmolLM2-135M f32, retrace serve) |")
-print("|---|---:|---:|")
-print(f"| seconds per trace | {j:.2f} ({judge['traces']} traces) | {h:.3f} ({len(served)} traces) |")
-print(f"| head speed-up | | {j / h:.0f}x |")
-print(f"\nOn {len(rows)} test traces (questions neither trained on; {wrong} with a first error by the judge): "
-      f"the head's first error equals the judge's on {agree} ({100 * agree / len(rows):.1f}%); "
-      f"served and trained predictions agree on {same} of {len(served)}.")
+print("\n| round | judge s/trace (Qwen2.5-Coder-1.5B Q4_K_M, llama-server) | head s/trace (SmolLM2-135M f32, retrace serve) | head speed-up |")
+print("|---:|---:|---:|---:|")
+for i, (j, h) in enumerate(zip(cost["judge"], cost["head"])):
+    print(f"| {i + 1} | {j:.2f} | {h:.3f} | {j / h:.0f}x |")
+print(f"\n{n} test traces per round. On all {len(rows)} test traces (questions neither trained on; "
+      f"{wrong} with a first error by the judge), the head's first error equals the judge's on "
+      f"{agree} ({100 * agree / len(rows):.1f}%).")
 PY
