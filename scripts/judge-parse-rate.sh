@@ -63,14 +63,7 @@ cp scripts/judge-parse-rate/multiple-choice.jsonl "$OUT/data/multiple-choice.jso
 DATA=("$OUT/data/gsm8k.jsonl" "$OUT/data/math.jsonl" "$OUT/data/multiple-choice.jsonl")
 TRACES=$(cat "${DATA[@]}" | wc -l)
 
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-wait_http() {  # URL, seconds
-  for _ in $(seq 1 "$2"); do curl -sf "$1" >/dev/null 2>&1 && return 0; sleep 1; done
-  echo "no answer from $1" >&2; return 1
-}
+source scripts/procs.sh
 
 # 4. llama-server (two slots, as many as the eval sends at once) behind the recording proxy.
 LPORT=$(free_port)
