@@ -55,8 +55,15 @@ impl Module for Lin {
                     // dequantized (exactly the values the blocks hold) for this call only.
                     Some(act) if x.device().is_cpu() && rows >= GEMM_ROWS => {
                         let shape = x.shape().clone();
-                        let x2 = x.reshape((rows, k))?.contiguous()?;
-                        let xq = QTensor::quantize(&x2, act)?.dequantize(x.device())?;
+                        // A storage of its own: candle's quantize reads the whole storage from
+                        // its start, ignoring the layout's offset, and a contiguous view (the
+                        // fused norm's rows, a narrowed half) shares a larger one.
+                        let owned = Tensor::from_vec(
+                            x.flatten_all()?.to_vec1::<f32>()?,
+                            (rows, k),
+                            x.device(),
+                        )?;
+                        let xq = QTensor::quantize(&owned, act)?.dequantize(x.device())?;
                         let wd = table.dequantize(x.device())?;
                         let mut dims = shape.dims().to_vec();
                         *dims.last_mut().expect("rank >= 1") = wd.dim(0)?;
@@ -141,6 +148,28 @@ mod tests {
                 2.0 * u - 1.0 + ((i / 32) % 3) as f32 * 0.5
             })
             .collect()
+    }
+
+    #[test]
+    fn the_gemm_path_reads_a_view_as_its_own_rows() {
+        // The second half of a larger tensor: contiguous, at an offset into a storage twice its
+        // size, as the fused kernels hand views to the next matmul.
+        let dev = Device::Cpu;
+        let (n, k, rows) = (64, 64, GEMM_ROWS + 8);
+        let w = Tensor::from_vec(values(n * k, 0x9e37_79b9), (n, k), &dev).unwrap();
+        let both = Tensor::from_vec(values(2 * rows * k, 0x2545_f491), (2 * rows, k), &dev);
+        let view = both.unwrap().narrow(0, rows, rows).unwrap();
+        assert!(view.is_contiguous());
+        let copy = Tensor::from_vec(
+            view.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            (rows, k),
+            &dev,
+        )
+        .unwrap();
+        let lin = Lin::quant(QTensor::quantize(&w, GgmlDType::Q4_1).unwrap(), None).unwrap();
+        let got = lin.forward(&view).unwrap().to_vec2::<f32>().unwrap();
+        let want = lin.forward(&copy).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(got, want);
     }
 
     #[test]
