@@ -4,8 +4,9 @@
 # trained on the labels of some questions with `retrace train-head`; on the other questions'
 # traces, neither trained on, it prints how often the head's first error agrees with the
 # judge's, and each one's cost per trace on this machine, measured side by side in alternating
-# rounds on the same test traces (the judge through `retrace eval`, two requests in flight as
-# llama-server has two slots; the head through a `retrace serve` of it, 16 in flight).
+# rounds, both on the same test traces within a round and on new ones each round (the judge
+# through `retrace eval`, two requests in flight as llama-server has two slots; the head through
+# a `retrace serve` of it, 16 in flight).
 #
 #   scripts/judge-distill.sh --data DIR [--out runs/judge-distill] [--traces 200] [--split S]
 #
@@ -104,24 +105,27 @@ TOML
 "$BIN" serve --config "$OUT/head.toml" >"$OUT/serve.log" 2>&1 &
 PIDS+=($!)
 wait_http "http://127.0.0.1:$MPORT/metrics" 120
-head -n "${COST_TRACES:-12}" "$OUT/test.jsonl" >"$OUT/cost.jsonl"
-timed() { # NAME, eval options...
-  local name=$1; shift
+# Each round its own traces, so that neither the head's prefix cache nor llama-server's prompt
+# cache holds a trace from an earlier round.
+N=${COST_TRACES:-12}
+timed() { # ROUND NAME, eval options...
+  local round=$1 name=$2; shift 2
   rm -rf "$OUT/cost-$name"
   local start; start=$(date +%s.%N)
-  "$BIN" eval --data "$OUT/cost.jsonl" --out "$OUT/cost-$name" --no-progress "$@" >/dev/null
+  "$BIN" eval --data "$OUT/cost-$round.jsonl" --out "$OUT/cost-$name" --no-progress "$@" >/dev/null
   echo "$name $(echo "$(date +%s.%N) - $start" | bc)" >>"$OUT/cost.txt"
 }
 : >"$OUT/cost.txt"
 for round in 1 2; do
-  timed judge --config "$OUT/judge.toml" --evaluator judge --concurrency 2
-  timed head --server "127.0.0.1:$GPORT" --evaluator head
+  sed -n "$(( (round - 1) * N + 1 )),$(( round * N ))p" "$OUT/test.jsonl" >"$OUT/cost-$round.jsonl"
+  timed "$round" judge --config "$OUT/judge.toml" --evaluator judge --concurrency 2
+  timed "$round" head --server "127.0.0.1:$GPORT" --evaluator head
 done
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
 rows = [json.loads(l) for l in open(f"{out}/head/test-scores.jsonl")]
-n = sum(1 for _ in open(f"{out}/cost.jsonl"))
+n = sum(1 for _ in open(f"{out}/cost-1.jsonl"))
 cost = {}
 for line in open(f"{out}/cost.txt"):
     name, secs = line.split()
