@@ -80,8 +80,9 @@ pub struct BenchOptions {
     #[arg(long)]
     pub llama_server: Option<PathBuf>,
     /// The GGUF llama-server loads: the same weights as --model [default:
-    /// CACHE/bench/SmolLM2-135M-Instruct.f32.gguf, written by scripts/bench.sh].
-    #[arg(long)]
+    /// CACHE/bench/SmolLM2-135M-Instruct.f32.gguf, written by scripts/bench.sh]. The last one
+    /// given counts (scripts/bench.sh passes its default first).
+    #[arg(long, overrides_with = "llama_gguf")]
     pub llama_gguf: Option<PathBuf>,
     /// Threads for llama-server [default: the machine's cores].
     #[arg(long)]
@@ -366,4 +367,31 @@ fn weight_bytes(folder: &Path) -> anyhow::Result<u64> {
         }
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        bench: BenchOptions,
+    }
+
+    #[test]
+    fn the_last_llama_gguf_counts() {
+        let args = [
+            "bench",
+            "--data",
+            "d.json",
+            "--llama-gguf",
+            "a.gguf",
+            "--llama-gguf",
+            "b.gguf",
+        ];
+        let cmd = Cmd::try_parse_from(args).expect("a second --llama-gguf overrides the first");
+        assert_eq!(cmd.bench.llama_gguf, Some(PathBuf::from("b.gguf")));
+    }
 }
