@@ -307,15 +307,17 @@ pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
     let outcome = decide(&problem, &candidates, &settings, &progress)?;
     let train_s = started.elapsed().as_secs_f64();
     let config = head_config(&opts, &base, &outcome, &split, counts);
-    let written = write(&opts, &config, &outcome, &problem, &split)?;
-    let test: Vec<usize> = split.test().collect();
+    let test_rows = write(&opts, &config, &outcome, &problem, &split)?;
     Ok(Trained {
+        out: opts.out.clone(),
+        dev_f1: config.dev_f1,
+        threshold: config.threshold,
+        head: config.head,
+        layers: config.layers,
+        train_traces: split.train.len(),
         extraction,
         train_s,
-        train_traces: split.train.len(),
-        test: (!test.is_empty())
-            .then(|| Analysis::of(&scored_rows(&outcome, &problem, &split, &test))),
-        ..written
+        test: (!test_rows.is_empty()).then(|| Analysis::of(&test_rows)),
     })
 }
 
@@ -402,13 +404,14 @@ fn scored_rows(out: &Outcome, p: &Problem, split: &Split, traces: &[usize]) -> V
         .collect()
 }
 
+/// Writes the head folder; returns the --test rows it scored (none without --test).
 fn write(
     opts: &TrainOptions,
     config: &HeadConfig,
     out: &Outcome,
     p: &Problem,
     split: &Split,
-) -> Result<Trained, TrainError> {
+) -> Result<Vec<Row>, TrainError> {
     let rows = scored_rows(out, p, split, p.dev);
     let analysis = Analysis::of(&rows);
     let test: Vec<usize> = split.test().collect();
@@ -436,17 +439,7 @@ fn write(
         files.push(("test-scores.jsonl", Content::Text(jsonl(&test_rows))));
     }
     write_folder(&opts.out, opts.force, &files)?;
-    Ok(Trained {
-        out: opts.out.clone(),
-        dev_f1: config.dev_f1,
-        threshold: config.threshold,
-        head: config.head,
-        layers: config.layers.clone(),
-        train_traces: 0,
-        extraction: Extraction::default(),
-        train_s: 0.0,
-        test: None,
-    })
+    Ok(test_rows)
 }
 
 fn config_json(config: &HeadConfig) -> String {
