@@ -289,9 +289,7 @@ pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
             .unwrap_or_else(|| retrace::env::Env::process().cache_dir().join("features")),
     };
     let sets = [&split.data, &split.dev_data, &split.test_data];
-    let started = Instant::now();
-    let (rows, mut extraction) = features(&base, &taps, &sets, &cache, &progress)?;
-    extraction.seconds = started.elapsed().as_secs_f64();
+    let (rows, extraction) = features(&base, &taps, &sets, &cache, &progress)?;
     let traces = layout(&sets);
     let problem = Problem {
         traces: &traces,

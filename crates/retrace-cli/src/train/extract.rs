@@ -72,6 +72,7 @@ pub(crate) fn features(
     cache: &FeatureCache,
     progress: &Progress,
 ) -> Result<(Vec<Tensor>, Extraction), TrainError> {
+    let started = std::time::Instant::now();
     let mut parts: Vec<Vec<Tensor>> = vec![Vec::new(); taps.len()];
     let mut done = Extraction::default();
     for set in sets {
@@ -108,11 +109,12 @@ pub(crate) fn features(
         .iter()
         .map(|p| Ok(Tensor::cat(p, 0)?))
         .collect::<Result<_, TrainError>>()?;
+    done.seconds = started.elapsed().as_secs_f64();
     Ok((rows, done))
 }
 
 /// What getting the features took: the traces and tokens run through the base (files read
-/// from the cache add none), and the seconds, set by the caller around the whole of it.
+/// from the cache add none), and the seconds the whole of it took.
 #[derive(Debug, Clone, Default)]
 pub struct Extraction {
     pub traces: usize,
