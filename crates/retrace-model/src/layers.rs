@@ -2,7 +2,8 @@
 //! safetensors or a GGUF's f32/f16 tensors) or quantized (a GGUF's blocks kept as they are,
 //! multiplied by candle's quantized matmul, which quantizes the activations as llama.cpp does).
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use crate::kernels::quantized_gemm;
+use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear};
 use std::sync::Arc;
@@ -31,16 +32,6 @@ impl Lin {
     }
 }
 
-/// The block type llama.cpp (and candle) quantize activations to before a dot product with
-/// weights of type `w`; `None` for the types candle's CPU kernels handle at SIMD speed.
-fn slow_on_cpu(w: GgmlDType) -> Option<GgmlDType> {
-    match w {
-        GgmlDType::Q4_1 | GgmlDType::Q5_1 => Some(GgmlDType::Q8_1),
-        GgmlDType::Q5_0 => Some(GgmlDType::Q8_0),
-        _ => None,
-    }
-}
-
 impl Module for Lin {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
@@ -48,28 +39,18 @@ impl Module for Lin {
             Self::Quant { w, table, b } => {
                 let k = x.dim(candle_core::D::Minus1)?;
                 let rows = x.elem_count() / k.max(1);
-                let y = match slow_on_cpu(table.dtype()) {
-                    // candle's dot products for these blocks are scalar: many times slower than
-                    // llama.cpp's. The same arithmetic as a GEMM: the activations rounded to the
-                    // block type llama.cpp's dot product takes them in, times the weights
-                    // dequantized (exactly the values the blocks hold) for this call only.
-                    Some(act) if x.device().is_cpu() && rows >= GEMM_ROWS => {
-                        let shape = x.shape().clone();
-                        // A storage of its own: candle's quantize reads the whole storage from
-                        // its start, ignoring the layout's offset, and a contiguous view (the
-                        // fused norm's rows, a narrowed half) shares a larger one.
-                        let owned = Tensor::from_vec(
-                            x.flatten_all()?.to_vec1::<f32>()?,
-                            (rows, k),
-                            x.device(),
-                        )?;
-                        let xq = QTensor::quantize(&owned, act)?.dequantize(x.device())?;
-                        let wd = table.dequantize(x.device())?;
-                        let mut dims = shape.dims().to_vec();
-                        *dims.last_mut().expect("rank >= 1") = wd.dim(0)?;
-                        xq.matmul(&wd.t()?)?.reshape(dims)?
-                    }
-                    _ => w.forward(x)?,
+                // candle's dot products for Q4_1, Q5_0 and Q5_1 blocks are scalar: many times
+                // slower than llama.cpp's. The same arithmetic as a GEMM: the activations
+                // rounded to the block type llama.cpp's dot product takes them in, times the
+                // weights dequantized (exactly the values the blocks hold) for this call only.
+                let gemm = if x.device().is_cpu() && x.dtype() == DType::F32 && rows >= GEMM_ROWS {
+                    quantized_gemm(x, table)?
+                } else {
+                    None
+                };
+                let y = match gemm {
+                    Some(y) => y,
+                    None => w.forward(x)?,
                 };
                 match b {
                     Some(b) => y.broadcast_add(b),
@@ -134,6 +115,7 @@ impl Emb {
 mod tests {
     use super::*;
     use candle_core::Device;
+    use candle_core::quantized::GgmlDType;
 
     /// Fixed pseudo-random values in [-1, 1), each block of 32 shifted by its own offset so that
     /// block minimums differ: a seeded test, the same on every machine.

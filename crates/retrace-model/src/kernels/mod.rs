@@ -1,7 +1,8 @@
 //! Fused CPU kernels for the decoder's f32 hot path, and the switch between them and candle's
 //! own ops: residual add + RMS norm in one pass (`norm`), SiLU(gate) * up (`silu`), RoPE with
 //! the heads-first transpose (`rope`), and blocked attention with an online softmax
-//! (`attention`; `causal`: that kernel over one sequence, alone), each threaded over rows on candle's thread count (rayon's pool).
+//! (`attention`; `causal`: that kernel over one sequence, alone), and the quantized matmul's
+//! GEMM path (`quant`), each threaded over rows on candle's thread count (rayon's pool).
 //!
 //! Every kernel runs only on the CPU in f32 and falls back to candle's unfused ops for any
 //! other dtype or device, so the CUDA and bf16 paths are what they were. The inner loops are
@@ -12,6 +13,7 @@ mod attention;
 mod causal;
 mod exp;
 mod norm;
+mod quant;
 mod rope;
 mod silu;
 mod simd;
@@ -19,6 +21,7 @@ mod simd;
 pub(crate) use attention::{Heads, KvRun, QueryGroup, attend};
 pub use causal::causal_attention;
 pub use norm::add_rms_norm;
+pub(crate) use quant::quantized_gemm;
 pub use rope::rope_heads;
 pub use silu::{silu_mul, silu_mul_joined};
 
