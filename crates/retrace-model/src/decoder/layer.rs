@@ -11,7 +11,7 @@ use super::reads::ReadOut;
 use crate::config::ModelConfig;
 use crate::kernels::{Kernels, add_rms_norm, silu_mul, silu_mul_joined};
 use crate::layers::Lin;
-use candle_core::{Module, Result, Tensor};
+use candle_core::{D, Module, Result, Tensor};
 use candle_nn::{Linear, RmsNorm, VarBuilder};
 
 pub(super) struct Layer {
@@ -42,6 +42,11 @@ impl Residual {
         }
     }
 }
+
+/// Rows per MLP pass. Its (rows, 2I) intermediate is the decoder's largest activation (a
+/// full 8,192-token batch of SmolLM2 holds 150 MiB of it); in pieces of this many rows it
+/// stays under 40 MiB, while each GEMM is still large enough to run at the matmul's peak.
+const MLP_ROWS: usize = 2048;
 
 /// The MLP. Full gate and up projections are joined into one (2I, H) matrix at load, which the
 /// fused kernels multiply once and read half by half; `gate_proj` and `up_proj` are then views
@@ -110,7 +115,23 @@ impl Mlp {
         })
     }
 
+    /// The MLP of `x` (.., H), in pieces of at most `MLP_ROWS` rows (as even as they come).
     fn forward(&self, x: &Tensor, kernels: Kernels) -> Result<Tensor> {
+        let h = x.dim(D::Minus1)?;
+        let rows = x.elem_count() / h.max(1);
+        if rows <= MLP_ROWS {
+            return self.forward_rows(x, kernels);
+        }
+        let per = rows.div_ceil(rows.div_ceil(MLP_ROWS));
+        let flat = x.reshape((rows, h))?;
+        let parts = (0..rows)
+            .step_by(per)
+            .map(|a| self.forward_rows(&flat.narrow(0, a, per.min(rows - a))?, kernels))
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&parts, 0)?.reshape(x.shape())
+    }
+
+    fn forward_rows(&self, x: &Tensor, kernels: Kernels) -> Result<Tensor> {
         let h = match &self.gate_up {
             Some(gate_up) if kernels.fused_for(x) => {
                 silu_mul_joined(&gate_up.forward(x)?, kernels)?
@@ -211,5 +232,41 @@ impl Layer {
         let (x, xn) = add_rms_norm(x, h, &self.post_attention_layernorm, self.kernels)?;
         let h = self.mlp.forward(&xn, self.kernels)?;
         Ok(Residual { x, h: Some(h) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testing::{max_diff, tensor};
+    use candle_core::quantized::{GgmlDType, QTensor};
+
+    #[test]
+    fn the_mlp_in_pieces_equals_it_whole() {
+        // Three uneven pieces, each a view at an offset into the stream: full and quantized
+        // weights (whose GEMM path reads its rows from the view's offset), each kernel set.
+        let (h, i, rows) = (32, 64, 2 * MLP_ROWS + 37);
+        let w = |o: usize, k: usize, seed| tensor(&[o, k], seed, 0.5);
+        let lin = |o, k, seed, quantized: bool| {
+            if !quantized {
+                return Lin::Full(Linear::new(w(o, k, seed), None));
+            }
+            let q = QTensor::quantize(&w(o, k, seed), GgmlDType::Q4_1).unwrap();
+            Lin::quant(q, None).unwrap()
+        };
+        let x = tensor(&[rows, h], 4, 1.0);
+        for q in [false, true] {
+            let mlp = Mlp {
+                gate_up: None,
+                gate_proj: lin(i, h, 1, q),
+                up_proj: lin(i, h, 2, q),
+                down_proj: lin(h, i, 3, q),
+            };
+            for kernels in [Kernels::Fused, Kernels::Candle] {
+                let whole = mlp.forward_rows(&x, kernels).unwrap();
+                let pieces = mlp.forward(&x, kernels).unwrap();
+                assert!(max_diff(&pieces, &whole) <= 1e-6, "{kernels:?} {q}");
+            }
+        }
     }
 }
