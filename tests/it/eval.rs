@@ -335,6 +335,39 @@ fn fake_prediction(steps: &[String]) -> i32 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eval_outlives_the_connections_the_server_retires() {
+    // Connections retired after 1 s and cut 1 s later, traces judged at 150 ms each, one at a
+    // time: the run's 16 traces take 2.4 s or more, so its first stream is cut under it.
+    let counters = Arc::new(Counters::default());
+    let server = TestServer::start(
+        config(
+            "max_connection_age_s = 1\nmax_connection_age_grace_s = 1",
+            &[("fake", "")],
+        ),
+        fake_loader(Duration::from_millis(150), counters.clone(), None),
+    )
+    .await;
+    server.ready().await;
+    let dir = TempDir::new("aged");
+    let out = dir.0.join("out");
+    let gsm = processbench("gsm8k");
+    let mut args: Vec<String> = ["eval", "--server", &server.addr.to_string(), "--data"]
+        .map(String::from)
+        .to_vec();
+    args.push(gsm.display().to_string());
+    args.extend(["--limit", "16", "--concurrency", "1", "--out"].map(String::from));
+    args.push(out.display().to_string());
+    let o = retrace(args).await;
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = rows_of(&out.join("predictions.jsonl"));
+    assert_eq!(rows.len(), 16, "{}", text(&o));
+    assert!(rows.iter().all(|r| r.error.is_none()), "{}", text(&o));
+    // The stream was cut under a call at least once: some trace was judged twice.
+    assert!(counters.started() > 16, "started {}", counters.started());
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eval_and_calibrate_run_end_to_end_against_a_server() {
     let server = TestServer::start(
         config("", &[("fake", "")]),

@@ -1,5 +1,6 @@
 //! The retrace contender: traces sent over the real gRPC path (unary `Evaluate`, one per trace),
-//! `concurrency` of them in flight, each one's latency and step scores kept.
+//! `concurrency` of them in flight, each one's latency and step scores kept (a call its
+//! connection's retirement cut off counts once, sent again).
 
 use super::{ContenderRun, Workload};
 use anyhow::Context;
@@ -29,9 +30,14 @@ pub(super) async fn run(
                 }),
                 ..Default::default()
             };
-            let reply = client
-                .evaluate(request)
-                .await
+            // A server retires a connection after `max_connection_age_s` and cuts it after
+            // the grace: a call the cut fails (tonic keeps the transport error as the source;
+            // a status the server sent has none) goes again, on the channel's new connection.
+            let mut reply = client.evaluate(request.clone()).await;
+            if matches!(&reply, Err(s) if std::error::Error::source(s).is_some()) {
+                reply = client.evaluate(request).await;
+            }
+            let reply = reply
                 .with_context(|| format!("retrace: trace {i}"))?
                 .into_inner();
             Ok((reply.steps.iter().map(|s| s.score).collect(), 0))

@@ -30,13 +30,49 @@ pub(super) trait Judge {
     async fn answer(&mut self, spec: &RunSpec) -> Result<(Record, Outcome), EvalError>;
 }
 
-/// A server, over one EvaluateStream.
+/// A server, over one EvaluateStream at a time. A server retires a connection after
+/// `max_connection_age_s` (GOAWAY) and cuts it after its grace, stream and all: a stream that
+/// fails with the connection (not with a status the server sent) is opened again, on a new
+/// connection, and what was pending is sent again.
 pub(super) struct Remote {
+    client: pb::evaluator_client::EvaluatorClient<Channel>,
+    token: Option<MetadataValue<Ascii>>,
     requests: mpsc::Sender<pb::EvaluateRequest>,
     inbound: tonic::Streaming<pb::EvaluateResponse>,
     /// By our own ids on the wire: the data's ids need not be unique across files.
     pending: HashMap<String, Record>,
     next_id: u64,
+    /// Streams opened again since the last answer.
+    reopened: usize,
+}
+
+/// Streams opened again in a row, with no answer between, before the failure is the run's.
+const MAX_REOPEN: usize = 3;
+
+/// The two ends of a new EvaluateStream on `client`.
+async fn open_stream(
+    client: &mut pb::evaluator_client::EvaluatorClient<Channel>,
+    token: &Option<MetadataValue<Ascii>>,
+    spec: &RunSpec,
+) -> Result<Stream, tonic::Status> {
+    let (requests, req_rx) = mpsc::channel(spec.concurrency.max(1));
+    let mut request = tonic::Request::new(ReceiverStream::new(req_rx));
+    if let Some(t) = token {
+        request.metadata_mut().insert("authorization", t.clone());
+    }
+    let inbound = client.evaluate_stream(request).await?.into_inner();
+    Ok((requests, inbound))
+}
+
+type Stream = (
+    mpsc::Sender<pb::EvaluateRequest>,
+    tonic::Streaming<pb::EvaluateResponse>,
+);
+
+/// Whether `status` is the connection failing under a call (tonic made it from a transport
+/// error, which it keeps as the source) rather than a status the server sent.
+fn connection_lost(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
 }
 
 impl Remote {
@@ -45,22 +81,42 @@ impl Remote {
         token: Option<MetadataValue<Ascii>>,
         spec: &RunSpec,
     ) -> Result<Remote, EvalError> {
-        let (requests, req_rx) = mpsc::channel(spec.concurrency.max(1));
-        let mut request = tonic::Request::new(ReceiverStream::new(req_rx));
-        if let Some(t) = token {
-            request.metadata_mut().insert("authorization", t);
-        }
-        let inbound = client
-            .evaluate_stream(request)
+        let (requests, inbound) = open_stream(&mut client, &token, spec)
             .await
-            .map_err(|s| EvalError::Stream(s.to_string()))?
-            .into_inner();
+            .map_err(|s| EvalError::Stream(s.to_string()))?;
         Ok(Remote {
+            client,
+            token,
             requests,
             inbound,
             pending: HashMap::new(),
             next_id: 0,
+            reopened: 0,
         })
+    }
+
+    /// A new stream in place of one whose connection failed (`why`), with every pending
+    /// request sent again; `why` is the run's error after MAX_REOPEN tries without an answer.
+    async fn reopen(&mut self, why: tonic::Status, spec: &RunSpec) -> Result<(), EvalError> {
+        let mut last = why;
+        while connection_lost(&last) && self.reopened < MAX_REOPEN {
+            self.reopened += 1;
+            match open_stream(&mut self.client, &self.token, spec).await {
+                Ok((requests, inbound)) => {
+                    (self.requests, self.inbound) = (requests, inbound);
+                    for (id, record) in &self.pending {
+                        let req = request_of(record, id.clone(), spec);
+                        // The channel holds `concurrency` requests, as many as can be pending.
+                        if self.requests.send(req).await.is_err() {
+                            break;
+                        }
+                    }
+                    return Ok(());
+                }
+                Err(status) => last = status,
+            }
+        }
+        Err(EvalError::Stream(last.to_string()))
     }
 }
 
@@ -69,31 +125,39 @@ impl Judge for Remote {
         self.pending.len()
     }
 
+    /// A request the stream no longer takes stays pending: the failure shows in `answer`,
+    /// which opens a new stream and sends it there.
     async fn send(&mut self, record: Record, spec: &RunSpec) -> Result<(), EvalError> {
         let id = self.next_id.to_string();
         self.next_id += 1;
         let req = request_of(&record, id.clone(), spec);
         self.pending.insert(id, record);
-        self.requests
-            .send(req)
-            .await
-            .map_err(|_| EvalError::Stream("the request stream closed".into()))
+        let _ = self.requests.send(req).await;
+        Ok(())
     }
 
     /// Listens to the stream even with nothing pending, so a stream that ends early is seen.
-    async fn answer(&mut self, _: &RunSpec) -> Result<(Record, Outcome), EvalError> {
-        match self.inbound.next().await {
-            Some(Ok(resp)) => {
-                let record = self.pending.remove(&resp.id).ok_or_else(|| {
-                    EvalError::Stream(format!("the server answered an unknown id {:?}", resp.id))
-                })?;
-                Ok((record, outcome_of(resp)))
+    async fn answer(&mut self, spec: &RunSpec) -> Result<(Record, Outcome), EvalError> {
+        loop {
+            match self.inbound.next().await {
+                Some(Ok(resp)) => {
+                    let record = self.pending.remove(&resp.id).ok_or_else(|| {
+                        EvalError::Stream(format!(
+                            "the server answered an unknown id {:?}",
+                            resp.id
+                        ))
+                    })?;
+                    self.reopened = 0;
+                    return Ok((record, outcome_of(resp)));
+                }
+                Some(Err(status)) => self.reopen(status, spec).await?,
+                None => {
+                    return Err(EvalError::Stream(format!(
+                        "the server ended the stream with {} requests unanswered",
+                        self.pending.len()
+                    )));
+                }
             }
-            Some(Err(status)) => Err(EvalError::Stream(status.to_string())),
-            None => Err(EvalError::Stream(format!(
-                "the server ended the stream with {} requests unanswered",
-                self.pending.len()
-            ))),
         }
     }
 }
