@@ -4,13 +4,16 @@
 # training time; and extraction's throughput against serving's on the same traces.
 #
 #   scripts/head-bench.sh --data DIR [--out runs/head-bench] [--train 2000] [--dev 300] [--test 150]
+#                         [--more N]
 #
+# --more N: one more learning-curve point, trained on the --train traces plus N more drawn from
+# what dev left (docs/training.md's training time at 5,000 traces: --train 2000 --more 3000).
 # DIR holds processbench/ and general/ (ProcessBench, Mr-Ben, BIG-Bench Mistake as JSON arrays).
 # Features are cached under OUT/features, chat-lm's scores under OUT/chat-lm: a rerun reuses
 # both. Prints markdown tables (docs/training.md shows them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA="" OUT=runs/head-bench TRAIN=2000 DEV=300 TEST=150
+DATA="" OUT=runs/head-bench TRAIN=2000 DEV=300 TEST=150 MORE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) DATA=$2; shift 2 ;;
@@ -18,7 +21,8 @@ while [ $# -gt 0 ]; do
     --train) TRAIN=$2; shift 2 ;;
     --dev) DEV=$2; shift 2 ;;
     --test) TEST=$2; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --more) MORE=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "head-bench: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -30,15 +34,18 @@ cargo build --release --locked --quiet
 BIN=target/release/retrace
 mkdir -p "$OUT"
 python3 scripts/head_bench.py prepare --data "$DATA" --out "$OUT/data" \
-  --train "$TRAIN" --dev "$DEV" --test "$TEST"
+  --train "$TRAIN" --dev "$DEV" --test "$TEST" --more "$MORE"
 
 train() { # NAME [train-head options...]
   local name=$1; shift
-  "$BIN" train-head --base "$BASE" --data "$OUT"/data/train-*.json --dev "$OUT"/data/dev-*.json \
+  local data=("$OUT"/data/train-*.json)
+  [ "$name" = more ] && data+=("$OUT"/data/more-*.json)
+  "$BIN" train-head --base "$BASE" --data "${data[@]}" --dev "$OUT"/data/dev-*.json \
     --test "$OUT"/data/test-*.json --cache "$OUT/features" --out "$OUT/head-$name" --force \
     --no-progress "$@" | tee "$OUT/train-$name.log"
 }
 train full
+[ "$MORE" -gt 0 ] && train more
 for n in 250 500 1000; do
   [ "$n" -lt "$TRAIN" ] && train "$n" --max-train "$n"
 done

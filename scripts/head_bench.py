@@ -3,6 +3,7 @@
 
 `prepare`: cuts the labelled splits into training, dev and test files, by question (one
 question's traces stay on one side), drawn with a seed; the test splits are never trained on.
+With --more, extra training files for the learning curve's largest point.
 `table`: reads what scripts/head-bench.sh ran and prints the results as markdown.
 """
 import argparse
@@ -79,17 +80,27 @@ def prepare(a):
         groups = by_question(rows, rng)
         share = sizes[path] / total
         train, rest = take(groups, round(a.train * share))
-        dev, _ = take(rest, round(a.dev * share))
+        dev, rest = take(rest, round(a.dev * share))
         write(os.path.join(a.out, f"train-{split}.json"), train, split)
         write(os.path.join(a.out, f"dev-{split}.json"), dev, split)
         counts[split] = (len(train), len(dev))
+        # The learning curve's largest point: training rows beyond --train, from what dev left
+        # (drawn after it, so the other files, and their cached features, stay the same).
+        more_path = os.path.join(a.out, f"more-{split}.json")
+        if a.more > 0:
+            more, _ = take(rest, round(a.more * share))
+            write(more_path, more, split)
+            counts[split] += (len(more),)
+        elif os.path.exists(more_path):
+            os.remove(more_path)
     for path, split in TEST.items():
         rows = json.load(open(os.path.join(a.data, path)))
         test, _ = take(by_question(rows, rng), a.test)
         write(os.path.join(a.out, f"test-{split}.json"), test, split)
         counts[split] = (0, len(test))
-    for split, (tr, other) in counts.items():
-        print(f"{split}: {tr} train, {other} {'test' if split in TEST.values() else 'dev'}")
+    for split, (tr, other, *more) in counts.items():
+        extra = f", {more[0]} more" if more else ""
+        print(f"{split}: {tr} train, {other} {'test' if split in TEST.values() else 'dev'}{extra}")
 
 
 def trained(log):
@@ -203,6 +214,8 @@ def main():
     q.add_argument("--dev", type=int, default=300)
     q.add_argument("--test", type=int, default=150, help="traces per test split")
     q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--more", type=int, default=0,
+                   help="training traces beyond --train, written to more-*.json")
     for name in ("chat", "table"):
         sub.add_parser(name).add_argument("--out", required=True)
     a = p.parse_args()
