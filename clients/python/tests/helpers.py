@@ -7,6 +7,11 @@ import urllib.request
 
 from retrace_client.testing import LocalServer
 
+# A trace scored in a batch with others and the same trace alone differ by f32 rounding: the
+# GEMM's blocking follows the batch's rows (about 1e-6 on the AVX-512 kernel). Scores of
+# different traces differ by far more, so a mix-up still fails.
+SAME_SCORE = 1e-5
+
 QUESTION = "What is 2+3*4?"
 STEPS = ["3*4 = 12.", "2+12 = 14."]
 TEXT = "3*4 = 12.\n\n2+12 = 14."

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fake_judge import expected
-from helpers import JUDGE_CASES, QUESTION, STEPS, TEXT
+from helpers import JUDGE_CASES, QUESTION, SAME_SCORE, STEPS, TEXT
 from retrace_client import Client, InvalidArgument, Trace, Verdict
 
 
@@ -20,8 +20,8 @@ def assert_same_verdict(a: Verdict, b: Verdict):
     assert a.first_error_index == b.first_error_index
     assert a.category == b.category
     assert [s.text for s in a.steps] == [s.text for s in b.steps]
-    assert [s.score for s in a.steps] == pytest.approx([s.score for s in b.steps], abs=1e-6)
-    assert a.trace_score == pytest.approx(b.trace_score, abs=1e-6)
+    assert [s.score for s in a.steps] == pytest.approx([s.score for s in b.steps], abs=SAME_SCORE)
+    assert a.trace_score == pytest.approx(b.trace_score, abs=SAME_SCORE)
 
 
 def test_health_and_status(client):

@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from helpers import SAME_SCORE
 from retrace_client.trl import reward_function
 
 Q = "What is 2+3*4?"
@@ -51,4 +52,4 @@ def test_adapter_matches_get_reward(server, markup):
     fn = reward_function(server.address)
     (adapter,) = asyncio.run(fn(prompts=[prompt], completions=[RESPONSE + end]))
     assert isinstance(http, float)
-    assert adapter == pytest.approx(http, abs=1e-6)
+    assert adapter == pytest.approx(http, abs=SAME_SCORE)

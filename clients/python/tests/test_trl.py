@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from fake_judge import expected
-from helpers import JUDGE_CASES, QUESTION
+from helpers import JUDGE_CASES, QUESTION, SAME_SCORE
 from retrace_client import Client
 from retrace_client.trl import reward_function
 
@@ -66,7 +66,7 @@ def test_plain_samples_match_the_client(server, trl_loop):
     got = call_like_trl(trl_loop, fn, prompts, completions, answer=["14"] * G)
     with Client(server.address) as c:
         want = [c.evaluate(QUESTION, text=t).trace_score for t in completions]
-    assert got == pytest.approx(want, abs=1e-6)
+    assert got == pytest.approx(want, abs=SAME_SCORE)
     assert all(0.0 <= r <= 1.0 for r in got)
 
 
@@ -76,7 +76,7 @@ def test_chatml_text_prompts_use_the_last_user_turn(server, trl_loop):
     got = call_like_trl(trl_loop, reward_function(server.address), [prompt] * 4, completions)
     with Client(server.address) as c:
         want = [c.evaluate(QUESTION, text=t).trace_score for t in group_texts(4)]
-    assert got == pytest.approx(want, abs=1e-6)
+    assert got == pytest.approx(want, abs=SAME_SCORE)
 
 
 @pytest.mark.parametrize("rule", ["trace_score", "correct", "prefix"])
@@ -139,7 +139,7 @@ def test_same_function_in_fresh_loops_and_sync_mode(server):
     sync_fn = reward_function(server.address, asynchronous=False)
     assert not asyncio.iscoroutinefunction(sync_fn)
     c = sync_fn(prompts=[QUESTION] * 3, completions=texts, completion_ids=[[1]] * 3, trainer_state=None)
-    assert a == pytest.approx(b, abs=1e-6) and a == pytest.approx(c, abs=1e-6)
+    assert a == pytest.approx(b, abs=SAME_SCORE) and a == pytest.approx(c, abs=SAME_SCORE)
 
 
 def test_bad_rule_is_refused_up_front():

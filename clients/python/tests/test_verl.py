@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from fake_judge import expected
-from helpers import JUDGE_CASES
+from helpers import JUDGE_CASES, SAME_SCORE
 from retrace_client import Client, InvalidArgument
 from retrace_client import verl as adapter
 
@@ -75,7 +75,7 @@ def test_compute_score_like_the_naive_manager(server, via):
     score = fn(data_source="openai/gsm8k", solution_str=SOLUTION, ground_truth="72", extra_info=gsm8k_extra_info(0))
     with Client(server.address) as c:
         want = c.evaluate(QUESTION, text=SOLUTION).trace_score
-    assert isinstance(score, float) and score == pytest.approx(want, abs=1e-6)
+    assert isinstance(score, float) and score == pytest.approx(want, abs=SAME_SCORE)
 
 
 def test_compute_score_async_like_the_reward_loop(server):
@@ -97,7 +97,7 @@ def test_compute_score_async_like_the_reward_loop(server):
     assert want["step_count"] == 3 and want["retrace_failed"] == 0.0
     for r in results:
         assert r.keys() == want.keys()
-        assert r["score"] == pytest.approx(want["score"], abs=1e-6)
+        assert r["score"] == pytest.approx(want["score"], abs=SAME_SCORE)
         assert r["first_error_index"] == want["first_error_index"]
 
 
@@ -132,8 +132,8 @@ def test_batch_manager_shape(server):
         extra_infos=np.array([gsm8k_extra_info(i) for i in range(3)], dtype=object),
     )
     with Client(server.address) as c:
-        assert scores[0] == pytest.approx(c.evaluate(QUESTION, text=solutions[0]).trace_score, abs=1e-6)
-        assert scores[2] == pytest.approx(c.evaluate(QUESTION, text=solutions[2]).trace_score, abs=1e-6)
+        assert scores[0] == pytest.approx(c.evaluate(QUESTION, text=solutions[0]).trace_score, abs=SAME_SCORE)
+        assert scores[2] == pytest.approx(c.evaluate(QUESTION, text=solutions[2]).trace_score, abs=SAME_SCORE)
     assert scores[1] == 0.0  # an empty response, as /get_reward's empty_reward
 
 
@@ -149,7 +149,7 @@ def test_question_sources_and_a_clear_error(server):
     chat = fn(data_source="d", solution_str=SOLUTION, ground_truth="72",
               extra_info={"prompt": np.array([{"role": "user", "content": QUESTION}], dtype=object)})
     b = fn(data_source="d", solution_str=SOLUTION, ground_truth="72", extra_info=gsm8k_extra_info(0))
-    assert a == pytest.approx(b, abs=1e-6) and chat == pytest.approx(b, abs=1e-6)
+    assert a == pytest.approx(b, abs=SAME_SCORE) and chat == pytest.approx(b, abs=SAME_SCORE)
 
 
 def test_errors_raise_unless_an_error_score_is_set(server):
