@@ -3,6 +3,7 @@
 //! connection's retirement cut off counts once, sent again).
 
 use super::{ContenderRun, Workload};
+use crate::eval::connection_lost;
 use anyhow::Context;
 use retrace::api::pb;
 use std::sync::Arc;
@@ -30,11 +31,10 @@ pub(super) async fn run(
                 }),
                 ..Default::default()
             };
-            // A server retires a connection after `max_connection_age_s` and cuts it after
-            // the grace: a call the cut fails (tonic keeps the transport error as the source;
-            // a status the server sent has none) goes again, on the channel's new connection.
+            // A call the server's retirement of its connection cut goes again, on the
+            // channel's new connection.
             let mut reply = client.evaluate(request.clone()).await;
-            if matches!(&reply, Err(s) if std::error::Error::source(s).is_some()) {
+            if matches!(&reply, Err(s) if connection_lost(s)) {
                 reply = client.evaluate(request).await;
             }
             let reply = reply

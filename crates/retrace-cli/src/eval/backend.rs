@@ -145,3 +145,10 @@ impl EvalBackend {
         }
     }
 }
+
+/// Whether `status` is the connection failing under a call (tonic made it from a transport
+/// error, which it keeps as the source) rather than a status the server sent: what a server
+/// retiring the connection (`max_connection_age_s` and its grace) does to a call still on it.
+pub(crate) fn connection_lost(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+}

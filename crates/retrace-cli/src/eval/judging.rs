@@ -3,6 +3,7 @@
 //! `Outcome` carrying what `eval` and `label` keep.
 
 use super::EvalError;
+use super::backend::connection_lost;
 use super::dataset::Record;
 use super::predictions::Outcome;
 use super::run::RunSpec;
@@ -68,12 +69,6 @@ type Stream = (
     mpsc::Sender<pb::EvaluateRequest>,
     tonic::Streaming<pb::EvaluateResponse>,
 );
-
-/// Whether `status` is the connection failing under a call (tonic made it from a transport
-/// error, which it keeps as the source) rather than a status the server sent.
-fn connection_lost(status: &tonic::Status) -> bool {
-    std::error::Error::source(status).is_some()
-}
 
 impl Remote {
     pub(super) async fn open(

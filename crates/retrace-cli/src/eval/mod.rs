@@ -31,7 +31,7 @@ mod report;
 pub(crate) mod run;
 
 pub use analysis::{Analysis, AnswerLevel, CategoryStats, GeneratorStats};
-pub(crate) use backend::EvalBackend;
+pub(crate) use backend::{EvalBackend, connection_lost};
 pub use best_of_n::{BestOfN, SelectorShare};
 pub use calibrate::{Curve, ScoredTrace, ThresholdChoice, first_below, rethreshold, sweep};
 pub use cli::{
