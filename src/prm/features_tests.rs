@@ -54,6 +54,32 @@ fn extractor(cache_mb: usize, batch_tokens: usize) -> Extractor {
     Extractor::load(&cfg).unwrap()
 }
 
+/// The largest |got - want|, element by element; infinite where either side holds a NaN or
+/// their lengths differ. `f64::max` drops a NaN operand, so a fold over it would pass NaN
+/// features under any tolerance.
+fn max_gap(got: &[f32], want: &[f64]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let mut worst = 0.0f64;
+    for (&x, &y) in got.iter().zip(want) {
+        let d = (x as f64 - y).abs();
+        if d.is_nan() {
+            return f64::INFINITY;
+        }
+        worst = worst.max(d);
+    }
+    worst
+}
+
+#[test]
+fn max_gap_counts_a_nan_or_a_missing_value_as_infinite() {
+    assert_eq!(max_gap(&[1.0, 2.0], &[1.0, 2.5]), 0.5);
+    assert_eq!(max_gap(&[f32::NAN], &[1.0]), f64::INFINITY);
+    assert_eq!(max_gap(&[1.0], &[f64::NAN]), f64::INFINITY);
+    assert_eq!(max_gap(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+}
+
 #[test]
 fn features_equal_the_model_run_on_each_trace_alone() {
     let cases = cases();
@@ -77,12 +103,15 @@ fn features_equal_the_model_run_on_each_trace_alone() {
             assert_eq!(features.steps.len(), trace.steps.len());
             let st = &alone.states(&[ids], &[&e.positions], &[0, 1, 2]).unwrap()[0];
             for (r, step) in features.steps.iter().enumerate() {
+                assert_eq!(step.len(), taps.len());
                 for (tap, f) in taps.iter().zip(step) {
-                    for (i, v) in f.iter().enumerate() {
-                        let mean = tap.iter().map(|&l| st.at(l, r)[i] as f64).sum::<f64>()
-                            / tap.len() as f64;
-                        worst = worst.max((*v as f64 - mean).abs());
-                    }
+                    let mean: Vec<f64> = (0..alone.hidden_size())
+                        .map(|i| {
+                            tap.iter().map(|&l| st.at(l, r)[i] as f64).sum::<f64>()
+                                / tap.len() as f64
+                        })
+                        .collect();
+                    worst = worst.max(max_gap(f, &mean));
                 }
             }
         }

@@ -489,7 +489,7 @@ fn with_categories(src: &Path, dest: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_served_head_scores_dev_as_training_did() {
-    use crate::common::{request, spawn_retrace};
+    use crate::common::{max_gap, request, spawn_retrace, step_scores};
     use retrace::api::pb;
     use retrace_cli::eval::{Row, read_rows};
     let tmp = TempDir::new("serve");
@@ -541,7 +541,7 @@ async fn a_served_head_scores_dev_as_training_did() {
     let (_server, channel, _) = spawn_retrace(&[os("--config"), os(&toml)], &[]).await;
     let mut client = pb::evaluator_client::EvaluatorClient::new(channel);
     assert_eq!(records.len(), rows.len());
-    let (mut worst, mut errors) = (0.0f32, 0);
+    let (mut worst, mut errors) = (0.0f64, 0);
     for (record, row) in records.iter().zip(&rows) {
         assert_eq!(record.id, row.id);
         let trace = pb::Trace {
@@ -555,9 +555,7 @@ async fn a_served_head_scores_dev_as_training_did() {
             .unwrap()
             .into_inner();
         assert_eq!(got.steps.len(), row.step_scores.len(), "{}", row.id);
-        for (s, want) in got.steps.iter().zip(&row.step_scores) {
-            worst = worst.max((s.score - want).abs());
-        }
+        worst = worst.max(max_gap(&step_scores(&got), &row.step_scores));
         assert_eq!(Some(got.first_error_index), row.prediction, "{}", row.id);
         let category = pb::ErrorCategory::try_from(got.category).unwrap();
         let want = row.category.unwrap().as_str().to_uppercase();

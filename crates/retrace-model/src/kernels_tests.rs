@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::batch::RowStates;
-use crate::kernels::testing::values;
+use crate::kernels::testing::{Gap, max_gap, values};
 use candle_core::Tensor;
 use std::collections::HashMap;
 
@@ -79,14 +79,13 @@ fn load(dir: &Path, kernels: Kernels, cache_bytes: usize) -> PrmModel {
 }
 
 /// The largest difference between two runs' states, relative where a value exceeds 1.
-fn diff(a: &[RowStates], b: &[RowStates]) -> f32 {
-    let mut worst = 0f32;
+fn diff(a: &[RowStates], b: &[RowStates]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mut worst = 0f64;
     for (ra, rb) in a.iter().zip(b) {
+        assert_eq!(ra.layers.len(), rb.layers.len());
         for (ta, tb) in ra.layers.iter().zip(&rb.layers) {
-            assert_eq!(ta.len(), tb.len());
-            for (x, y) in ta.iter().zip(tb) {
-                worst = worst.max((x - y).abs() / y.abs().max(1.0));
-            }
+            worst = worst.max(max_gap(ta, tb, Gap::Rel));
         }
     }
     worst

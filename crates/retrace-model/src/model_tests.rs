@@ -2,6 +2,7 @@
 //! chunked attention, sharded checkpoints and the load errors.
 
 use super::*;
+use crate::kernels::testing::{Gap, max_gap};
 use candle_core::Tensor;
 use std::time::Instant;
 
@@ -86,13 +87,10 @@ fn score_all(model: &PrmModel, cases: &[Case]) -> Vec<Vec<f32>> {
 fn max_diff(got: &[Vec<f32>], want: impl Fn(usize) -> Vec<f64>) -> f64 {
     got.iter()
         .enumerate()
-        .flat_map(|(i, g)| {
+        .map(|(i, g)| {
             let w = want(i);
             assert_eq!(g.len(), w.len(), "case {i}: score count");
-            g.iter()
-                .zip(w)
-                .map(|(a, b)| (*a as f64 - b).abs())
-                .collect::<Vec<_>>()
+            max_gap(g, &w, Gap::Abs)
         })
         .fold(0.0, f64::max)
 }
@@ -298,11 +296,7 @@ fn a_shared_prefix_is_computed_once_and_exactly() {
             let batched = model.score(&refs[..take], &pos[..take]).unwrap();
             for i in 0..take {
                 let alone = model.score(&refs[i..i + 1], &pos[i..i + 1]).unwrap();
-                let d = batched[i]
-                    .iter()
-                    .zip(&alone[0])
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0f32, f32::max);
+                let d = max_gap(&batched[i], &alone[0], Gap::Abs);
                 assert!(d < 1e-5, "{family}, {what}, row {i}: diff {d}");
                 assert_eq!(batched[i].len(), positions[i].len());
             }
@@ -320,10 +314,10 @@ fn compare(
     cached: &PrmModel,
     rows: &[&[u32]],
     pos: &[&[usize]],
-) -> (f32, Vec<Row>) {
+) -> (f64, Vec<Row>) {
     let want = plain.score_rows(rows, pos).unwrap();
     let got = cached.score_rows(rows, pos).unwrap();
-    let mut worst = 0.0f32;
+    let mut worst = 0.0f64;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g.scores.len(), pos[i].len(), "row {i}: one score per read");
         let len = pos[i].iter().max().map_or(0, |m| m + 1);
@@ -332,9 +326,7 @@ fn compare(
             len,
             "row {i}: tokens add up"
         );
-        for (a, b) in g.scores.iter().zip(&w.scores) {
-            worst = worst.max((a - b).abs());
-        }
+        worst = worst.max(max_gap(&g.scores, &w.scores, Gap::Abs));
     }
     (worst, got)
 }
@@ -345,7 +337,7 @@ fn the_prefix_cache_is_exact_for_every_family() {
         let plain = with_cache(family, 0, true);
         let cached = with_cache(family, 64 << 20, true);
         let cases = cases(family);
-        let mut worst = 0.0f32;
+        let mut worst = 0.0f64;
         for c in &cases {
             // Tree search: the trace cut after each step, rescored in order. From the second
             // on, everything up to the previous cut is reused, its reads included.
@@ -431,7 +423,7 @@ fn eviction_keeps_the_budget_and_scores_exact() {
     // Room for about two traces, and for less than one.
     for budget in [2 * longest * per_token, longest * per_token / 3] {
         let cached = with_cache(family, budget, true);
-        let mut worst = 0.0f32;
+        let mut worst = 0.0f64;
         for round in 0..2 {
             for c in &cases {
                 let (d, _) = compare(&plain, &cached, &[&c.ids], &[&c.positions]);

@@ -5,6 +5,7 @@
 
 use super::tests::{Case, cases, fixture, head_for};
 use super::*;
+use crate::kernels::testing::{Gap, max_gap};
 use crate::trained::{TrainedKind, TrainedSpec, average_states};
 use candle_core::Tensor;
 use std::collections::HashMap;
@@ -64,14 +65,6 @@ fn tensor(path: &Path, name: &str) -> Vec<f32> {
     t[name].flatten_all().unwrap().to_vec1().unwrap()
 }
 
-fn worst(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
 #[test]
 fn the_top_taps_are_what_the_lm_head_reads() {
     let folder = fixture("chat-lm");
@@ -89,14 +82,14 @@ fn the_top_taps_are_what_the_lm_head_reads() {
     };
     let row = |id: u32| &embed[id as usize * h..(id as usize + 1) * h];
     let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
-    let (mut ref_diff, mut norm_diff) = (0.0f64, 0.0f32);
+    let (mut ref_diff, mut norm_diff) = (0.0f64, 0.0f64);
     for (c, states) in cases.iter().zip(&got) {
         for (r, want) in c.scores.iter().enumerate() {
             // The tied LM head's '+' against '-' on the final tap: the numpy reference's score.
             let last: &[f32] = states.at(1, r);
             let (lp, lm): (f64, f64) = (dot(last, row(plus)), dot(last, row(minus)));
             let p = 1.0 / (1.0 + (lm - lp).exp());
-            ref_diff = ref_diff.max((p - want).abs());
+            ref_diff = ref_diff.max(max_gap(&[p], &[*want], Gap::Abs));
             // The final tap is the last layer's output through the RMS norm.
             let below = states.at(0, r);
             let ms = below.iter().map(|v| *v as f64 * *v as f64).sum::<f64>() / h as f64;
@@ -106,7 +99,7 @@ fn the_top_taps_are_what_the_lm_head_reads() {
                 .zip(&norm)
                 .map(|(v, w)| (*v as f64 * inv * *w as f64) as f32)
                 .collect();
-            norm_diff = norm_diff.max(worst(&normed, last));
+            norm_diff = norm_diff.max(max_gap(&normed, last, Gap::Abs));
         }
     }
     assert!(
@@ -130,11 +123,11 @@ fn a_tap_below_the_last_layer_is_the_output_of_a_model_cut_there() {
     // is its last layer's output, run at the reads only. Layer 1 of three is the last
     // layer's input; of two, the last layer's output.
     let batched = deep.states(&rows, &pos, &[0, 1]).unwrap();
-    let mut d = 0.0f32;
+    let mut d = 0.0f64;
     for (i, b) in batched.iter().enumerate() {
         let one = |m: &PrmModel, layer| m.states(&rows[i..=i], &pos[i..=i], &[layer]).unwrap();
-        d = d.max(worst(&b.layers[0], &one(&cut1, 0)[0].layers[0]));
-        d = d.max(worst(&b.layers[1], &one(&cut2, 1)[0].layers[0]));
+        d = d.max(max_gap(&b.layers[0], &one(&cut1, 0)[0].layers[0], Gap::Abs));
+        d = d.max(max_gap(&b.layers[1], &one(&cut2, 1)[0].layers[0], Gap::Abs));
         assert_eq!(b.layers[0].len(), pos[i].len() * deep.hidden_size());
     }
     assert!(d < 1e-5, "deep taps vs cut models: {d}");
@@ -161,7 +154,7 @@ fn taps_through_the_cache_and_sharing_equal_one_trace_alone() {
             for (i, g) in got.iter().enumerate() {
                 let want = &alone.states(&rows[i..=i], &pos[i..=i], &layers).unwrap()[0];
                 for (l, layer) in layers.iter().enumerate() {
-                    let d = worst(&g.layers[l], &want.layers[l]);
+                    let d = max_gap(&g.layers[l], &want.layers[l], Gap::Abs);
                     assert!(
                         d < 1e-5,
                         "layers {layers:?} round {round} row {i} layer {layer}: {d}"
@@ -334,10 +327,9 @@ fn a_trained_head_scores_sigmoid_of_its_weights_on_the_averaged_taps() {
                 for (r, p) in row.scores.iter().enumerate() {
                     let f = average_states(&[st.at(0, r), st.at(1, r)]);
                     let (want, cats) = expected(&t, &f, m, k);
-                    d = d.max((*p as f64 - want).abs());
-                    for (c, w) in cats.iter().enumerate() {
-                        dc = dc.max((row.categories[r][c] as f64 - w).abs());
-                    }
+                    d = d.max(max_gap(&[*p], &[want], Gap::Abs));
+                    let got = row.categories.get(r).map_or(&[][..], Vec::as_slice);
+                    dc = dc.max(max_gap(got, &cats, Gap::Abs));
                 }
             }
         }

@@ -242,6 +242,30 @@ pub fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64>
         .and_then(|v| v.parse().ok())
 }
 
+/// The largest |got - want|, element by element; infinite where either side holds a NaN or
+/// their lengths differ. `f32::max` and `f64::max` drop a NaN operand, so a fold over them
+/// passes NaN scores under any tolerance.
+pub fn max_gap<A: Copy + Into<f64>, B: Copy + Into<f64>>(got: &[A], want: &[B]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let mut worst = 0.0f64;
+    for (&x, &y) in got.iter().zip(want) {
+        let (x, y): (f64, f64) = (x.into(), y.into());
+        let d = (x - y).abs();
+        if d.is_nan() {
+            return f64::INFINITY;
+        }
+        worst = worst.max(d);
+    }
+    worst
+}
+
+/// The step scores of a response, in order.
+pub fn step_scores(r: &pb::EvaluateResponse) -> Vec<f32> {
+    r.steps.iter().map(|s| s.score).collect()
+}
+
 pub fn steps_trace(question: &str, steps: &[&str]) -> pb::Trace {
     pb::Trace {
         question: question.into(),

@@ -21,7 +21,7 @@ mod simd;
 pub(crate) use attention::{Heads, KvRun, QueryGroup, attend};
 pub use causal::causal_attention;
 pub use norm::add_rms_norm;
-pub(crate) use quant::quantized_gemm;
+pub(crate) use quant::quantized_matmul;
 pub use rope::rope_heads;
 pub use silu::{silu_mul, silu_mul_joined};
 
@@ -113,14 +113,63 @@ pub(crate) mod testing {
         Tensor::from_vec(values(n, seed, scale), dims, &Device::Cpu).unwrap()
     }
 
-    /// The largest difference between `a` and `b`, relative where `b` is above 1 in size.
-    pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    /// How `max_gap` measures one difference.
+    #[derive(Clone, Copy)]
+    pub(crate) enum Gap {
+        /// |got - want|.
+        Abs,
+        /// |got - want|, divided by |want| where that is above 1.
+        Rel,
+    }
+
+    /// The largest difference between `got` and `want`, element by element; infinite where
+    /// either side holds a NaN or their lengths differ. `f32::max` and `f64::max` drop a NaN
+    /// operand, so a fold over them passes a kernel that returns NaN under any tolerance.
+    pub(crate) fn max_gap<A, B>(got: &[A], want: &[B], gap: Gap) -> f64
+    where
+        A: Copy + Into<f64>,
+        B: Copy + Into<f64>,
+    {
+        if got.len() != want.len() {
+            return f64::INFINITY;
+        }
+        let mut worst = 0.0f64;
+        for (&x, &y) in got.iter().zip(want) {
+            let (x, y): (f64, f64) = (x.into(), y.into());
+            if x == y {
+                // Equal infinities too, whose difference is NaN.
+                continue;
+            }
+            let d = match gap {
+                Gap::Abs => (x - y).abs(),
+                Gap::Rel => (x - y).abs() / y.abs().max(1.0),
+            };
+            if d.is_nan() {
+                return f64::INFINITY;
+            }
+            worst = worst.max(d);
+        }
+        worst
+    }
+
+    #[test]
+    fn a_nan_or_a_missing_value_is_an_infinite_gap() {
+        let inf = f64::INFINITY;
+        assert_eq!(max_gap(&[1.0f32, 2.0], &[1.0f32, 2.5], Gap::Abs), 0.5);
+        assert_eq!(max_gap(&[1.0f32, 12.0], &[1.0f64, 10.0], Gap::Rel), 0.2);
+        assert_eq!(max_gap(&[f32::NAN, 2.0], &[1.0f32, 2.0], Gap::Abs), inf);
+        assert_eq!(max_gap(&[1.0f32, 2.0], &[1.0f32, f32::NAN], Gap::Rel), inf);
+        assert_eq!(max_gap(&[f32::NAN], &[f32::NAN], Gap::Abs), inf);
+        assert_eq!(max_gap(&[1.0f32], &[1.0f32, 2.0], Gap::Abs), inf);
+        assert_eq!(max_gap(&[f32::INFINITY], &[f32::INFINITY], Gap::Abs), 0.0);
+        assert_eq!(max_gap(&[f32::INFINITY], &[1.0f32], Gap::Abs), inf);
+    }
+
+    /// `max_gap` of two tensors of one shape, relative where `b` is above 1 in size.
+    pub(crate) fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
         assert_eq!(a.dims(), b.dims());
         let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        a.iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
-            .fold(0.0, f32::max)
+        max_gap(&a, &b, Gap::Rel)
     }
 }
