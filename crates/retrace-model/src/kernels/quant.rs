@@ -1,38 +1,83 @@
-//! The CPU GEMM path of a quantized matmul whose block type candle has no SIMD dot product for
-//! (Q4_1, Q5_0, Q5_1): the activations rounded through the block type llama.cpp's dot product
-//! takes them in (Q8_1 or Q8_0) and the weights dequantized, both threaded over rows and
-//! exactly candle's values (the weights through candle's own block code, the activations
-//! through a vectorized copy of it), then one f32 GEMM. Candle's `QTensor::quantize` and
-//! `dequantize` run the same code on one thread, with a copy each.
+//! The CPU matmul of a GGUF's 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) in
+//! llama.cpp's arithmetic, the same for a row whatever else is in its batch: the activations
+//! rounded through the 8-bit block type llama.cpp's dot product takes them in (Q8_0, or Q8_1
+//! with its block sum in f16), the weights dequantized (exactly the values the blocks hold),
+//! then one f32 GEMM over the whole dequantized matrix, plus the Q8_1 sum's rounding as a
+//! small second product.
+//!
+//! One GEMM at every row count, because the 8-bit rounding of the next layer's activations
+//! turns any difference in a sum's last bit into a whole quantum now and then: a few-row path
+//! summing in another order (candle's dot products, or a GEMV of our own) moved a trace's
+//! scores by up to 2e-2 with its batch and the prefix cache. Candle's own dot products are
+//! also not llama.cpp's: its Q8_1 sum is rounded twice, and its Q8_0 path rounds activations
+//! in blocks of 256.
 
 use super::simd::simd_fn;
 use super::{f32s, for_rows};
-use candle_core::quantized::k_quants::{BlockQ4_1, BlockQ5_0, BlockQ5_1, GgmlType};
+use candle_core::quantized::k_quants::{
+    BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, GgmlType,
+};
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{CpuStorage, CustomOp1, Device, Layout, Result, Shape, Tensor};
+use candle_core::{Device, Result, Storage, Tensor};
 use half::f16;
+use rayon::prelude::*;
 
-/// `x` (.., K) times the transposed quantized `table` (N, K), as a GEMM on the values the
-/// quantized dot products multiply; `None` for block types this path does not cover.
-pub(crate) fn quantized_gemm(x: &Tensor, table: &QTensor) -> Result<Option<Tensor>> {
+/// Elements per 8-bit activation block (Q8_0 and Q8_1 alike), and per weight block of every
+/// type this path covers.
+const QK8: usize = 32;
+
+/// `x` (.., K) times the transposed quantized `table` (N, K) in llama.cpp's arithmetic; `None`
+/// for block types this path does not cover (the K-quants, whose dot products candle runs the
+/// same way for every row).
+pub(crate) fn quantized_matmul(x: &Tensor, table: &QTensor) -> Result<Option<Tensor>> {
     Ok(Some(match table.dtype() {
-        GgmlDType::Q4_1 => gemm::<BlockQ4_1>(x, table)?,
-        GgmlDType::Q5_0 => gemm::<BlockQ5_0>(x, table)?,
-        GgmlDType::Q5_1 => gemm::<BlockQ5_1>(x, table)?,
+        GgmlDType::Q4_0 => matmul::<BlockQ4_0>(x, table, false)?,
+        GgmlDType::Q4_1 => matmul::<BlockQ4_1>(x, table, true)?,
+        GgmlDType::Q5_0 => matmul::<BlockQ5_0>(x, table, false)?,
+        GgmlDType::Q5_1 => matmul::<BlockQ5_1>(x, table, true)?,
+        GgmlDType::Q8_0 => matmul::<BlockQ8_0>(x, table, false)?,
         _ => return Ok(None),
     }))
 }
 
-fn gemm<W: GgmlType>(x: &Tensor, table: &QTensor) -> Result<Tensor> {
+/// `with_min`: the block type stores a minimum `m` beside its scale, so its dot product takes
+/// the activations as Q8_1 and adds `m` times the activation block's sum, kept in f16.
+fn matmul<W: GgmlType>(x: &Tensor, table: &QTensor, with_min: bool) -> Result<Tensor> {
     let (n, k) = table.shape().dims2()?;
-    // Every type this path covers takes its activations in 8-bit blocks of 32.
-    debug_assert_eq!(<W::VecDotType as GgmlType>::BLCK_SIZE, QK8);
-    let xq = x.contiguous()?.apply_op1_no_bwd(&RoundTrip)?;
-    let w = Tensor::from_vec(dequantize::<W>(table, n, k)?, (n, k), &Device::Cpu)?;
-    let mut dims = x.dims().to_vec();
+    debug_assert_eq!(W::BLCK_SIZE, QK8);
+    let width = x.dim(candle_core::D::Minus1)?;
+    if width != k {
+        candle_core::bail!("activations: width {width} is not the matrix's {k}")
+    }
+    let x = x.contiguous()?;
     let rows = x.elem_count() / k.max(1);
+    let (xq, sums) = {
+        let (storage, layout) = x.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else {
+            candle_core::bail!("quantized matmul: activations not on the CPU")
+        };
+        round_trip_rows(f32s(cpu, layout, "activations")?, k)?
+    };
+    let data = table.data()?;
+    let all = blocks::<W>(&data)?;
+    if !k.is_multiple_of(QK8) || all.len() != n * (k / QK8) {
+        candle_core::bail!("quantized table: {} blocks for ({n}, {k})", all.len())
+    }
+    let mins = with_min.then(|| block_mins::<W>(&data)).transpose()?;
+    let w = Tensor::from_vec(dequantize(all, n, k), (n, k), &Device::Cpu)?;
+    let y = Tensor::from_vec(xq, (rows, k), &Device::Cpu)?.matmul(&w.t()?)?;
+    let y = match mins {
+        Some(m) => {
+            let nb = k / QK8;
+            let m = Tensor::from_vec(m, (n, nb), &Device::Cpu)?;
+            let s = Tensor::from_vec(sums, (rows, nb), &Device::Cpu)?;
+            (y + s.matmul(&m.t()?)?)?
+        }
+        None => y,
+    };
+    let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("rank >= 1") = n;
-    xq.reshape((rows, k))?.matmul(&w.t()?)?.reshape(dims)
+    y.reshape(dims)
 }
 
 /// The blocks of a CPU `table` of `W` blocks, read in place.
@@ -51,56 +96,53 @@ fn blocks<W: GgmlType>(bytes: &[u8]) -> Result<&[W]> {
     Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<W>(), bytes.len() / size) })
 }
 
-/// `table` (n rows of k) as f32, rows split over candle's threads.
-fn dequantize<W: GgmlType>(table: &QTensor, n: usize, k: usize) -> Result<Vec<f32>> {
-    let data = table.data()?;
-    let all = blocks::<W>(&data)?;
-    let per_row = k / W::BLCK_SIZE;
-    if !k.is_multiple_of(W::BLCK_SIZE) || all.len() != n * per_row {
-        candle_core::bail!("quantized table: {} blocks for ({n}, {k})", all.len())
-    }
-    let mut out = vec![0f32; n * k];
-    for_rows(&mut out, n, k, 2, |r0, dst| {
-        let src = &all[r0 * per_row..][..dst.len() / W::BLCK_SIZE];
-        W::to_float(src, dst);
-    });
-    Ok(out)
+/// Each block's minimum `m`, for the block types that store one (Q4_1, Q5_1: `repr(C)`
+/// `{ d: f16, m: f16, .. }`, as llama.cpp lays them out; candle keeps the field private).
+fn block_mins<W: GgmlType>(bytes: &[u8]) -> Result<Vec<f32>> {
+    Ok(bytes
+        .chunks_exact(std::mem::size_of::<W>())
+        .map(|b| f16::from_le_bytes([b[2], b[3]]).to_f32())
+        .collect())
 }
 
-/// Activations rounded to 8-bit blocks and back: the values a Q8_0 or Q8_1 block holds
-/// (both round alike; Q8_1's extra block sum is not a value).
-struct RoundTrip;
+/// `all` (n rows of k) as f32, rows split over candle's threads.
+fn dequantize<W: GgmlType>(all: &[W], n: usize, k: usize) -> Vec<f32> {
+    let per_row = k / QK8;
+    let mut out = vec![0f32; n * k];
+    for_rows(&mut out, n, k, 2, |r0, dst| {
+        W::to_float(&all[r0 * per_row..][..dst.len() / QK8], dst);
+    });
+    out
+}
 
-/// Elements per 8-bit activation block (Q8_0 and Q8_1 alike).
-const QK8: usize = 32;
-
-impl CustomOp1 for RoundTrip {
-    fn name(&self) -> &'static str {
-        "q8-round-trip"
+/// The activations `src` (rows of `k`) as their 8-bit blocks hold them, and per block what
+/// Q8_1's f16 sum adds beyond the sum of those values (see `round_trip`), rows split over
+/// candle's threads.
+fn round_trip_rows(src: &[f32], k: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    if k == 0 || !k.is_multiple_of(QK8) {
+        candle_core::bail!("activations: width {k} is not whole blocks of {QK8}")
     }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let src = f32s(s, l, "activations")?;
-        let k = l.dims().last().copied().unwrap_or(0);
-        if k == 0 || !k.is_multiple_of(QK8) {
-            candle_core::bail!("activations: width {k} is not whole blocks of {QK8}")
-        }
-        let rows = src.len() / k;
-        let mut out = vec![0f32; src.len()];
-        for_rows(&mut out, rows, k, 2, |r0, dst| {
-            round_trip(&src[r0 * k..][..dst.len()], dst);
-        });
-        Ok((CpuStorage::F32(out), l.shape().clone()))
-    }
+    let (rows, nb) = (src.len() / k, k / QK8);
+    let mut xq = vec![0f32; src.len()];
+    let mut sums = vec![0f32; rows * nb];
+    let per = rows.div_ceil(super::pieces(rows * k * 2));
+    xq.par_chunks_mut(per * k)
+        .zip(sums.par_chunks_mut(per * nb))
+        .enumerate()
+        .for_each(|(i, (dst, s))| round_trip(&src[i * per * k..][..dst.len()], dst, s));
+    Ok((xq, sums))
 }
 
 simd_fn! {
-    /// Each block of 32 in `src` as candle's (and llama.cpp's) 8-bit quantization stores it,
-    /// read back into `dst`: scale d = max |x| / 127 (kept in f16), q = round(x / d), then
-    /// q * d. The same operations in the same order, so the values are candle's to the bit;
-    /// `f32::round` (half away from zero) vectorizes here, where candle calls libm per element.
-    fn round_trip<M>(src: &[f32], dst: &mut [f32]) {
-        for (x, y) in src.chunks_exact(QK8).zip(dst.chunks_exact_mut(QK8)) {
+    /// Each block of 32 in `src` as candle's (and llama.cpp's reference) 8-bit quantization
+    /// stores it, read back into `dst`: scale d = max |x| / 127 (kept in f16), q = round(x /
+    /// d), then q * d; the same operations in the same order, so the values are candle's to the
+    /// bit (`f32::round`, half away from zero, vectorizes here, where candle calls libm per
+    /// element). `sums` gets, per block, llama.cpp's Q8_1 sum `f16(d * sum q)` less the sum of
+    /// the values written (`f16(d) * sum q`, exact in f32): the GEMM adds it back times `m`.
+    fn round_trip<M>(src: &[f32], dst: &mut [f32], sums: &mut [f32]) {
+        let blocks = src.chunks_exact(QK8).zip(dst.chunks_exact_mut(QK8));
+        for ((x, y), s) in blocks.zip(sums.iter_mut()) {
             let mut top = [0f32; 16];
             for c in x.chunks_exact(16) {
                 for i in 0..16 {
@@ -111,10 +153,15 @@ simd_fn! {
             let d = amax / 127.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             let scale = f16::from_f32(d).to_f32();
+            let mut q = [0f32; QK8];
             for i in 0..QK8 {
                 // An i8 holds what `as i8` saturates to.
-                y[i] = (x[i] * id).round().clamp(-128.0, 127.0) * scale;
+                // `+ 0.0`: an i8 has no -0, so what rounds to -0 is stored as 0.
+                q[i] = (x[i] * id).round().clamp(-128.0, 127.0) + 0.0;
+                y[i] = q[i] * scale;
             }
+            let sum = q.iter().sum::<f32>();
+            *s = f16::from_f32(sum * d).to_f32() - sum * scale;
         }
     }
 }
@@ -141,40 +188,88 @@ mod tests {
         v
     }
 
+    /// Where two vectors first differ in their bits, if they do (and are of equal lengths).
+    fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
+        assert_eq!(got.len(), want.len());
+        let at = got
+            .iter()
+            .zip(want)
+            .position(|(a, b)| a.to_bits() != b.to_bits())?;
+        Some((at, got[at], want[at]))
+    }
+
     #[test]
     fn rounding_and_dequantizing_equal_candles_own_to_the_bit() {
         let dev = Device::Cpu;
         // Enough rows that both are split over threads where there are several.
         let (n, k, rows) = (96, 256, 80);
         let w = Tensor::from_vec(data(n * k, 7), (n, k), &dev).unwrap();
-        let x = Tensor::from_vec(data(rows * k, 11), (rows, k), &dev).unwrap();
-        for (dtype, act) in [
-            (GgmlDType::Q4_1, GgmlDType::Q8_1),
-            (GgmlDType::Q5_0, GgmlDType::Q8_0),
-            (GgmlDType::Q5_1, GgmlDType::Q8_1),
-        ] {
-            let q = QTensor::quantize(&w, dtype).unwrap();
-            let xq = QTensor::quantize(&x, act)
+        let x = data(rows * k, 11);
+        let (xq, _) = round_trip_rows(&x, k).unwrap();
+        let xt = Tensor::from_vec(x, (rows, k), &dev).unwrap();
+        for act in [GgmlDType::Q8_0, GgmlDType::Q8_1] {
+            let want = QTensor::quantize(&xt, act)
                 .unwrap()
                 .dequantize(&dev)
                 .unwrap();
-            let wd = q.dequantize(&dev).unwrap();
-            let want = xq.matmul(&wd.t().unwrap()).unwrap();
-            let got = quantized_gemm(&x, &q).unwrap().expect("a covered type");
-            let bits = |t: &Tensor| -> Vec<u32> {
-                let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                v.iter().map(|f| f.to_bits()).collect()
+            let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(first_difference(&xq, &want), None, "{act:?}");
+        }
+        for dtype in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q4_1,
+            GgmlDType::Q5_0,
+            GgmlDType::Q5_1,
+            GgmlDType::Q8_0,
+        ] {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let want = q.dequantize(&dev).unwrap().flatten_all().unwrap();
+            let data = q.data().unwrap();
+            let got = match dtype {
+                GgmlDType::Q4_0 => dequantize(blocks::<BlockQ4_0>(&data).unwrap(), n, k),
+                GgmlDType::Q4_1 => dequantize(blocks::<BlockQ4_1>(&data).unwrap(), n, k),
+                GgmlDType::Q5_0 => dequantize(blocks::<BlockQ5_0>(&data).unwrap(), n, k),
+                GgmlDType::Q5_1 => dequantize(blocks::<BlockQ5_1>(&data).unwrap(), n, k),
+                _ => dequantize(blocks::<BlockQ8_0>(&data).unwrap(), n, k),
             };
-            assert_eq!(bits(&got), bits(&want), "{dtype:?}");
+            assert_eq!(
+                first_difference(&got, &want.to_vec1().unwrap()),
+                None,
+                "{dtype:?}"
+            );
         }
     }
 
     #[test]
-    fn other_block_types_are_left_to_candle() {
-        let w = Tensor::from_vec(data(32 * 64, 3), (32, 64), &Device::Cpu).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
-        let x = Tensor::from_vec(values(64, 5, 1.0), (1, 64), &Device::Cpu).unwrap();
-        assert!(quantized_gemm(&x, &q).unwrap().is_none());
+    fn the_block_minimums_are_read_where_the_blocks_hold_them() {
+        // The element at a block's minimum quantizes to 0, so each block's smallest dequantized
+        // value is its `m`.
+        let dev = Device::Cpu;
+        let w = Tensor::from_vec(data(16 * 64, 7), (16, 64), &dev).unwrap();
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q5_1] {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let wd = q.dequantize(&dev).unwrap().flatten_all().unwrap();
+            let wd = wd.to_vec1::<f32>().unwrap();
+            let want: Vec<f32> = wd
+                .chunks_exact(QK8)
+                .map(|b| b.iter().copied().fold(f32::MAX, f32::min))
+                .collect();
+            let got = match dtype {
+                GgmlDType::Q4_1 => block_mins::<BlockQ4_1>(&q.data().unwrap()).unwrap(),
+                _ => block_mins::<BlockQ5_1>(&q.data().unwrap()).unwrap(),
+            };
+            assert_eq!(first_difference(&got, &want), None, "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn the_k_quants_are_left_to_candle() {
+        let w = Tensor::from_vec(data(32 * 256, 3), (32, 256), &Device::Cpu).unwrap();
+        let x = Tensor::from_vec(values(256, 5, 1.0), (1, 256), &Device::Cpu).unwrap();
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            assert!(quantized_matmul(&x, &q).unwrap().is_none(), "{dtype:?}");
+        }
     }
 
     #[test]
@@ -182,7 +277,7 @@ mod tests {
         let w = Tensor::from_vec(data(32 * 64, 3), (32, 64), &Device::Cpu).unwrap();
         let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
         let x = Tensor::from_vec(data(2 * 48, 5), (2, 48), &Device::Cpu).unwrap();
-        let err = quantized_gemm(&x, &q).unwrap_err().to_string();
+        let err = quantized_matmul(&x, &q).unwrap_err().to_string();
         assert!(err.contains("activations: width 48"), "{err}");
     }
 }
