@@ -121,4 +121,26 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_nan_query_gives_nan_out_and_leaves_the_other_rows_alone() {
+        let (len, heads, hd) = (70, 2, 16);
+        let mut qv = crate::kernels::testing::values(heads * len * hd, 5, 0.5);
+        // Head 1's query at position 40: its scores are NaN, over two key blocks.
+        qv[(len + 40) * hd + 3] = f32::NAN;
+        let q = Tensor::from_vec(qv, (1, heads, len, hd), &candle_core::Device::Cpu).unwrap();
+        let k = tensor(&[1, 1, len, hd], 2, 2.0);
+        let v = tensor(&[1, 1, len, hd], 3, 2.0);
+        let got = causal_attention(&q, &k, &v, None, Kernels::Fused).unwrap();
+        let got = got.to_vec2::<f32>().unwrap();
+        for (p, row) in got.iter().enumerate() {
+            let (h0, h1) = row.split_at(hd);
+            assert!(h0.iter().all(|x| x.is_finite()), "row {p}, head 0: {h0:?}");
+            let want_nan = p == 40;
+            assert!(
+                h1.iter().all(|x| x.is_nan() == want_nan),
+                "row {p}, head 1: {h1:?}"
+            );
+        }
+    }
 }

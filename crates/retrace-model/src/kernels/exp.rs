@@ -6,10 +6,11 @@ use super::simd::Mac;
 
 /// Below this, `exp` is 0 (the true value is under f32's normal range); -inf included.
 const LOW: f32 = -87.336_55;
-/// Above this, `exp` saturates at its value here (just under f32::MAX).
+/// Above this, `exp` saturates at its value here (just under f32::MAX); +inf included.
 const HIGH: f32 = 88.376_26;
 
-/// e^x, within 2 ulp, 0 below `LOW`.
+/// e^x, within 2 ulp, 0 below `LOW`, NaN for NaN (so a broken score reaches the output
+/// rather than vanishing into a weight of 0).
 #[inline(always)]
 pub(crate) fn exp<M: Mac>(x: f32) -> f32 {
     // 1.5 * 2^23: adding it rounds to the nearest integer, which the low mantissa bits hold.
@@ -32,7 +33,14 @@ pub(crate) fn exp<M: Mac>(x: f32) -> f32 {
     // 2^n from the rounded integer's bits (n in -126..=127 after the clamp).
     let n = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let scale = f32::from_bits(((n + 127) as u32) << 23);
-    if x < LOW { 0.0 } else { p * scale }
+    // `max` and `min` return the other operand for NaN, so NaN is put back here.
+    if x < LOW {
+        0.0
+    } else if x.is_nan() {
+        x
+    } else {
+        p * scale
+    }
 }
 
 #[cfg(test)]
@@ -42,7 +50,7 @@ mod tests {
     use crate::kernels::testing::{Gap, max_gap};
 
     #[test]
-    fn exp_is_within_two_ulp_of_libm_and_zero_far_below() {
+    fn exp_is_within_two_ulp_of_libm_zero_far_below_and_saturates_above() {
         let mut worst = 0f64;
         for i in -870_000..=880_000 {
             let x = i as f32 * 1e-4;
@@ -56,5 +64,19 @@ mod tests {
         assert_eq!(exp::<Plain>(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp::<Fused>(-100.0), 0.0);
         assert_eq!(exp::<Plain>(0.0), 1.0);
+        let top = exp::<Plain>(HIGH);
+        assert!(top.is_finite() && top > 2e38, "{top}");
+        for x in [100.0, f32::INFINITY] {
+            assert_eq!(exp::<Plain>(x), top);
+            assert_eq!(exp::<Fused>(x), top);
+        }
+    }
+
+    #[test]
+    fn exp_of_nan_is_nan() {
+        for x in [f32::NAN, -f32::NAN] {
+            assert!(exp::<Plain>(x).is_nan());
+            assert!(exp::<Fused>(x).is_nan());
+        }
     }
 }
