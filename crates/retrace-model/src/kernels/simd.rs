@@ -2,7 +2,10 @@
 //! baseline x86-64 (SSE2, no FMA), so `simd_fn!` compiles a loop body three times (for
 //! AVX-512, for AVX2 + FMA, and as written) and calls the widest the CPU runs. The body is
 //! generic over `Mac`, the multiply-add it uses: fused where the FMA unit exists (a libm call,
-//! many times slower, where it does not).
+//! many times slower, where it does not). `RETRACE_SIMD` caps the width, to test the narrower
+//! copies on a CPU that has the wider ones.
+
+use std::sync::OnceLock;
 
 /// A multiply-add: `a * b + c`.
 pub(crate) trait Mac {
@@ -29,23 +32,57 @@ impl Mac for Plain {
     }
 }
 
-/// The widest vector unit this CPU has that `simd_fn!` compiles for.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A vector unit `simd_fn!` compiles for, narrowest first (so `min` caps a level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Level {
-    Avx512,
-    Avx2,
     Base,
+    Avx2,
+    Avx512,
 }
 
+/// Names the widest level the kernels may use, so that the narrower copies, which a CPU with
+/// AVX-512 never picks by itself, can be tested there: `avx512`, `avx2` or `base`.
+const VAR: &str = "RETRACE_SIMD";
+
+/// The level the kernels run: the widest this CPU has, capped at the one `RETRACE_SIMD` names.
+/// Read once, as every kernel call asks. A value it cannot read panics, naming the variable:
+/// a typo must not quietly test the widest copy again.
 pub(crate) fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let asked = std::env::var_os(VAR).map(|v| v.to_string_lossy().into_owned());
+        chosen(asked.as_deref(), detected()).unwrap_or_else(|e| panic!("{e}"))
+    })
+}
+
+/// The level for `RETRACE_SIMD`'s value (`None`: unset) on a CPU whose widest is `cpu`: a
+/// wider one than the CPU has falls back to the CPU's, so no copy runs instructions it lacks.
+fn chosen(value: Option<&str>, cpu: Level) -> Result<Level, String> {
+    let asked = match value.map(str::trim) {
+        None | Some("") => return Ok(cpu),
+        Some("avx512") => Level::Avx512,
+        Some("avx2") => Level::Avx2,
+        Some("base") => Level::Base,
+        Some(other) => {
+            return Err(format!(
+                "{VAR}={other:?}: expected avx512, avx2 or base (or unset: the widest this CPU has)"
+            ));
+        }
+    };
+    Ok(asked.min(cpu))
+}
+
+/// The widest level this CPU runs: each copy's `target_feature`s all present.
+fn detected() -> Level {
     #[cfg(target_arch = "x86_64")]
     {
         // std caches the CPUID answers: each check is an atomic load.
         let fma = std::arch::is_x86_feature_detected!("fma");
-        if fma && std::arch::is_x86_feature_detected!("avx512f") {
+        let avx2 = fma && std::arch::is_x86_feature_detected!("avx2");
+        if avx2 && std::arch::is_x86_feature_detected!("avx512f") {
             return Level::Avx512;
         }
-        if fma && std::arch::is_x86_feature_detected!("avx2") {
+        if avx2 {
             return Level::Avx2;
         }
     }
@@ -53,7 +90,7 @@ pub(crate) fn level() -> Level {
 }
 
 /// `simd_fn!(fn name<M>(args) { body })` defines `fn name(args)` that runs `body` (generic
-/// over `M: Mac`) compiled for the widest vector unit `level()` finds. `body` is inlined into
+/// over `M: Mac`) compiled for the vector unit `level()` chooses. `body` is inlined into
 /// each compiled copy, so everything it calls must be `#[inline(always)]` to be vectorized.
 macro_rules! simd_fn {
     ($(#[$m:meta])* $vis:vis fn $name:ident<$M:ident>($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
@@ -72,7 +109,7 @@ macro_rules! simd_fn {
                     body::<$crate::kernels::simd::Fused>($($arg),*)
                 }
                 match $crate::kernels::simd::level() {
-                    // SAFETY: `level` found these features on this CPU.
+                    // SAFETY: `level` is never wider than what this CPU has.
                     $crate::kernels::simd::Level::Avx512 => return unsafe { wide($($arg),*) },
                     // SAFETY: as above.
                     $crate::kernels::simd::Level::Avx2 => return unsafe { avx2($($arg),*) },
@@ -85,3 +122,38 @@ macro_rules! simd_fn {
 }
 
 pub(crate) use simd_fn;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retrace_simd_caps_the_level_at_what_the_cpu_has() {
+        use Level::*;
+        assert_eq!(chosen(None, Avx512), Ok(Avx512));
+        assert_eq!(chosen(Some(""), Avx2), Ok(Avx2));
+        assert_eq!(chosen(Some("avx2"), Avx512), Ok(Avx2));
+        assert_eq!(chosen(Some(" base "), Avx512), Ok(Base));
+        assert_eq!(chosen(Some("avx512"), Avx512), Ok(Avx512));
+        // Wider than the CPU: the CPU's widest, never an instruction it lacks.
+        assert_eq!(chosen(Some("avx512"), Avx2), Ok(Avx2));
+        assert_eq!(chosen(Some("avx2"), Base), Ok(Base));
+        for bad in ["AVX-2", "sse", "avx512f"] {
+            let err = chosen(Some(bad), Avx512).unwrap_err();
+            assert!(err.contains("RETRACE_SIMD") && err.contains(bad), "{err}");
+        }
+    }
+
+    /// What the kernels' tests in this process run: the CI loop over `RETRACE_SIMD` relies on it.
+    #[test]
+    fn the_kernels_run_the_level_retrace_simd_names() {
+        let asked = std::env::var(VAR).ok();
+        let want = chosen(asked.as_deref(), detected()).unwrap();
+        assert_eq!(
+            level(),
+            want,
+            "{VAR}={asked:?} on a CPU whose widest is {:?}",
+            detected()
+        );
+    }
+}
