@@ -124,6 +124,23 @@ fn head_of(w: &[(&str, Vec<usize>, Vec<f32>)], f: &[f32]) -> (f64, Vec<f64>) {
     )
 }
 
+fn probs_of(want: &[(f64, Vec<f64>)]) -> Vec<f64> {
+    want.iter().map(|(p, _)| *p).collect()
+}
+
+/// The first error index and category a head with `threshold` gives steps of these (P(correct),
+/// category probabilities): the first step below it, and its likeliest error category.
+fn verdict(want: &[(f64, Vec<f64>)], threshold: f64) -> (i32, i32) {
+    let Some(k) = want.iter().position(|(p, _)| *p < threshold) else {
+        return (-1, pb::ErrorCategory::None as i32);
+    };
+    let probs = &want[k].1;
+    let best = (1..4)
+        .max_by(|a, b| probs[*a].total_cmp(&probs[*b]))
+        .unwrap();
+    (k as i32, category(CATEGORIES[best]))
+}
+
 fn write_config(dir: &Path, base: &str, sum: &str, threshold: f64) {
     let config = json!({
         "retrace_head": 1,
@@ -191,10 +208,16 @@ async fn a_trained_head_serves_its_weights_on_the_extractors_features() {
         .iter()
         .map(|t| t.steps.iter().map(|s| head_of(&w, &s[0])).collect())
         .collect();
-    // The stored threshold: the median step probability, so some traces have a first error.
+    // The stored threshold: the middle of the widest gap between step probabilities in their
+    // middle half, so some traces have a first error and no step lies near it (where f32
+    // rounding would decide).
     let mut all: Vec<f64> = expected.iter().flatten().map(|e| e.0).collect();
     all.sort_by(f64::total_cmp);
-    let threshold = all[all.len() / 2];
+    let gap = |k: &usize| all[k + 1] - all[*k];
+    let k = (all.len() / 4..all.len() * 3 / 4)
+        .max_by(|a, b| gap(a).total_cmp(&gap(b)))
+        .unwrap();
+    let threshold = (all[k] + all[k + 1]) / 2.0;
     write_config(&head, "base", &sum, threshold);
     // So that the default threshold would decide some trace otherwise.
     let first_below = |w: &Vec<(f64, Vec<f64>)>, t: f64| w.iter().position(|(p, _)| *p < t);
@@ -211,10 +234,24 @@ async fn a_trained_head_serves_its_weights_on_the_extractors_features() {
     write_weights(&gguf_head, &w);
     let gguf_sum = retrace_model::checkpoint_sha256(&gguf).unwrap();
     write_config(&gguf_head, gguf.to_str().unwrap(), &gguf_sum, threshold);
-    let on_gguf = Extractor::load(&PrmConfig::new(Family::ChatLm, gguf.display().to_string()))
-        .unwrap()
-        .extract(&traces, &[LAYERS.to_vec()], |_| {})
+    let on_gguf: Vec<Vec<(f64, Vec<f64>)>> =
+        Extractor::load(&PrmConfig::new(Family::ChatLm, gguf.display().to_string()))
+            .unwrap()
+            .extract(&traces, &[LAYERS.to_vec()], |_| {})
+            .unwrap()
+            .iter()
+            .map(|t| t.steps.iter().map(|s| head_of(&w, &s[0])).collect())
+            .collect();
+    // No step on either base lies within the scores' tolerance of the threshold, so each
+    // verdict below is the head's, not f32 rounding's.
+    let nearest = expected
+        .iter()
+        .chain(&on_gguf)
+        .flatten()
+        .map(|(p, _)| (p - threshold).abs())
+        .min_by(f64::total_cmp)
         .unwrap();
+    assert!(nearest > 1e-4, "a step {nearest} from the threshold");
     let cfg = serve_config(&dir, &head);
     let (_server, channel, _) = spawn_retrace(&["--config".as_ref(), cfg.as_ref()], &[]).await;
     let mut client = pb::evaluator_client::EvaluatorClient::new(channel);
@@ -261,25 +298,15 @@ async fn a_trained_head_serves_its_weights_on_the_extractors_features() {
             .await
             .unwrap();
         let got = got.into_inner();
-        let probs: Vec<f64> = want.iter().map(|(p, _)| *p).collect();
-        worst = worst.max(max_gap(&step_scores(&got), &probs));
-        assert_eq!(got.steps.len(), want.len());
-        let first = want.iter().position(|(p, _)| *p < threshold);
+        assert_eq!(got.steps.len(), trace.steps.len(), "trace {i}");
+        worst = worst.max(max_gap(&step_scores(&got), &probs_of(want)));
+        let (first, cat) = verdict(want, threshold);
         assert_eq!(
-            got.first_error_index,
-            first.map_or(-1, |k| k as i32),
+            (got.first_error_index, got.category),
+            (first, cat),
             "trace {i}"
         );
-        if let Some(k) = first {
-            errors += 1;
-            let probs = &want[k].1;
-            let best = (1..4)
-                .max_by(|a, b| probs[*a].total_cmp(&probs[*b]))
-                .unwrap();
-            assert_eq!(got.category, category(CATEGORIES[best]), "trace {i}");
-        } else {
-            assert_eq!(got.category, pb::ErrorCategory::None as i32);
-        }
+        errors += usize::from(first >= 0);
         let set = client
             .evaluate(request("s", "head-set", t.clone()))
             .await
@@ -296,13 +323,21 @@ async fn a_trained_head_serves_its_weights_on_the_extractors_features() {
             got.first_error_index,
             "trace {i}"
         );
+        // The same head over the GGUF base: its own features' scores and verdict.
         let g = client.evaluate(request("g", "head-gguf", t)).await.unwrap();
-        let probs: Vec<f64> = on_gguf[i]
-            .steps
-            .iter()
-            .map(|f| head_of(&w, &f[0]).0)
-            .collect();
-        worst = worst.max(max_gap(&step_scores(g.get_ref()), &probs));
+        let g = g.into_inner();
+        let want = &on_gguf[i];
+        assert_eq!(
+            g.steps.len(),
+            trace.steps.len(),
+            "trace {i} on the GGUF base"
+        );
+        worst = worst.max(max_gap(&step_scores(&g), &probs_of(want)));
+        assert_eq!(
+            (g.first_error_index, g.category),
+            verdict(want, threshold),
+            "trace {i} on the GGUF base"
+        );
     }
     assert!(
         worst < 1e-5,

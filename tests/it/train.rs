@@ -419,8 +419,7 @@ fn a_killed_run_leaves_no_head_and_a_sound_cache() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill_running(&mut child, "mid-training");
     assert_eq!(
         names(&tmp.0),
         ["cache", "dev.jsonl"],
@@ -433,31 +432,46 @@ fn a_killed_run_leaves_no_head_and_a_sound_cache() {
     assert_eq!(mtimes(&cache), cached);
     assert!(out.join("head.safetensors").is_file());
 
-    // Killed early (loading the base or extracting, as the machine's speed has it): no head,
-    // and whatever reached the cache is whole, so a later run works.
+    // Killed early (loading the base or extracting, as the machine's speed has it; training
+    // as long as the first run's, so the kill always lands): no head, and whatever reached the
+    // cache is whole, so a later run works.
     let cache2 = tmp.0.join("cache2");
     args[9] = os(&cache2);
     let out2 = tmp.0.join("head2");
     args[7] = os(&out2);
     let mut child = Command::new(env!("CARGO_BIN_EXE_retrace"))
         .arg("train-head")
-        .args(&args)
+        .args(&args[..10])
+        .args(["--epochs", "1000000", "--patience", "1000000"])
         .arg("--no-progress")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(150));
-    let _ = child.kill();
-    child.wait().unwrap();
-    if !out2.exists() {
-        assert!(
-            names(&tmp.0).iter().all(|n| !n.contains("tmp")),
-            "{:?}",
-            names(&tmp.0)
-        );
-        train_head(&args).unwrap();
-    }
+    kill_running(&mut child, "early");
+    assert!(!out2.exists(), "no head from a killed run");
+    assert!(
+        names(&tmp.0).iter().all(|n| !n.contains("tmp")),
+        "{:?}",
+        names(&tmp.0)
+    );
+    train_head(&args).unwrap();
+    assert!(out2.join("head.safetensors").is_file());
+}
+
+/// Kills `child`, which must still be running (`when` says at what point), and checks that
+/// the kill is what ended it: a run that ended by itself would test nothing.
+fn kill_running(child: &mut std::process::Child, when: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let ended = child.try_wait().unwrap();
+    assert!(
+        ended.is_none(),
+        "train-head ended before the kill ({when}): {ended:?}"
+    );
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "killed {when}: {status}");
 }
 
 /// `rows` of a ProcessBench file as JSONL with a category each (none for an all-correct trace,
