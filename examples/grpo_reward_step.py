@@ -6,12 +6,13 @@ body `{"query": [prompt + response], "prompts": [prompt], "labels": [label]}`, o
 request and all requests at once, and (b) through retrace_client.trl's reward function, one
 EvaluateStream burst per group. The server reads the question from the prompt's last user turn
 and segments the response into steps, and the adapter does the same, so both score the same
-trace: for each reward rule the two lists must be equal to 1e-6.
+trace: for each reward rule the two lists must agree to within SAME_SCORE.
 
     python examples/grpo_reward_step.py
 
-Exits non-zero when the two disagree or the HTTP endpoint fails; skips the HTTP half (saying
-so) only when the server has no HTTP endpoint or answers 404 on /get_reward.
+Exits non-zero when the two disagree, when the HTTP endpoint fails (404 on /get_reward
+included), or when the server has no HTTP endpoint (with $RETRACE_ADDRESS set, name it in
+$RETRACE_HTTP_ADDRESS): the comparison is the point, so neither half is ever skipped.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from _server import retrace_server
 from retrace_client.trl import reward_function
 
 G = 8
+# The two paths batch the same trace with different neighbours, and a trace scored in a batch
+# differs from itself alone by f32 rounding (the GEMM's blocking follows the batch's rows);
+# different traces differ by far more, so a mix-up still fails.
+SAME_SCORE = 1e-5
 RULES = ("trace_score", "correct", "prefix")
 SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 PROBLEMS = [
@@ -95,7 +100,7 @@ def main() -> int:
     failures = 0
     with retrace_server() as endpoint:
         if endpoint.http_address is None:
-            print("FAILED: this server has no HTTP endpoint (no --http-addr / RETRACE_HTTP_ADDRESS)")
+            print("FAILED: no HTTP endpoint to compare with (with $RETRACE_ADDRESS, set $RETRACE_HTTP_ADDRESS too)")
             return 1
         for rule in RULES:
             fn = reward_function(endpoint.address, reward=rule)
@@ -114,7 +119,8 @@ def main() -> int:
             for g in range(len(PROBLEMS)):
                 print("   ", [round(r, 6) for r in http[g * G : (g + 1) * G]])
             print("    first_error_index:", first_errors)
-            bad = [i for i, (a, b) in enumerate(zip(trl, http)) if a is None or abs(a - b) > 1e-6]
+            # `not <=` rather than `>`, so a NaN on either side is a mismatch too.
+            bad = [i for i, (a, b) in enumerate(zip(trl, http)) if a is None or not abs(a - b) <= SAME_SCORE]
             if bad:
                 failures += 1
                 print(f"MISMATCH [{rule}] at samples {bad}: adapter {[trl[i] for i in bad]} vs HTTP {[http[i] for i in bad]}")
