@@ -13,13 +13,15 @@ scripts/fetch-smollm2.sh --f32
 scripts/fetch-tokenizers.sh
 scripts/fetch-llama-server.sh
 cargo test --locked --workspace --all-targets "$@"
+# The doc examples, which --all-targets leaves out.
+cargo test --locked --workspace --doc
 # The kernels' AVX2 and baseline copies, which a CPU with AVX-512 never picks by itself:
 # RETRACE_SIMD caps the width. Every test of a kernel (the kernels', the decoder's, the quantized
 # layers'); selected across the workspace's libraries so that the build above is reused.
 for level in avx2 base; do
   RETRACE_SIMD=$level cargo test --locked --workspace --lib -- kernels decoder:: layers::
 done
-# The Python client and the examples, against the binary the line above built.
+# The Python client and the examples, against the binary the first cargo test built.
 scripts/test-python.sh
 # deploy/ (Kubernetes manifests, alerts, dashboard) through the real tools, and every metric it
 # queries against that binary's /metrics.
