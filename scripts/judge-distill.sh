@@ -11,8 +11,8 @@
 #   scripts/judge-distill.sh --data DIR [--out runs/judge-distill] [--traces 200] [--split S]
 #
 # DIR holds general/ (Mr-Ben, BIG-Bench Mistake); --split names the file whose first --traces
-# traces (in a seeded order) are labelled [default mrben-biology]. `retrace label` resumes: a
-# rerun labels only what is missing.
+# traces (in a seeded order) are labelled [default mrben-biology]. Rows the judge fails stop the
+# script before training; `retrace label` resumes, so a rerun labels only what is missing.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --traces) TRACES=$2; shift 2 ;;
     --split) SPLIT=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "judge-distill: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -69,8 +69,14 @@ timeout_s = 900
 cache_entries = 0
 max_concurrency = 2
 TOML
-"$BIN" label --config "$OUT/judge.toml" --evaluator judge --data "$OUT/unlabelled.jsonl" \
-  --out "$OUT/labelled.jsonl" --concurrency 2 --no-progress | tee "$OUT/label.log" || true
+# `retrace label` exits non-zero when any row failed (after writing the rest and listing the
+# failures): a head trained on part of the labels would not be the run asked for.
+if ! "$BIN" label --config "$OUT/judge.toml" --evaluator judge --data "$OUT/unlabelled.jsonl" \
+  --out "$OUT/labelled.jsonl" --concurrency 2 --no-progress | tee "$OUT/label.log"; then
+  echo "judge-distill: labelling failed (summary in $OUT/label.log; failed rows and their errors" \
+    "in $OUT/labelled.failed.jsonl); rerun the same command to label only what is missing" >&2
+  exit 1
+fi
 
 # Train on 70% of the questions, test on the rest.
 python3 - "$OUT" <<'PY'
