@@ -125,6 +125,7 @@ impl Emb {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::COVERED;
     use candle_core::Device;
     use candle_core::quantized::GgmlDType;
 
@@ -199,13 +200,7 @@ mod tests {
         let dev = Device::Cpu;
         let (n, k) = (96, 128);
         let w = Tensor::from_vec(values(n * k, 0x9e37_79b9), (n, k), &dev).unwrap();
-        for dtype in [
-            GgmlDType::Q4_0,
-            GgmlDType::Q4_1,
-            GgmlDType::Q5_0,
-            GgmlDType::Q5_1,
-            GgmlDType::Q8_0,
-        ] {
+        for dtype in COVERED {
             let with_min = matches!(dtype, GgmlDType::Q4_1 | GgmlDType::Q5_1);
             let q = QTensor::quantize(&w, dtype).unwrap();
             let wd = q.dequantize(&dev).unwrap().to_vec2::<f32>().unwrap();
@@ -240,16 +235,8 @@ mod tests {
         let (n, k, rows) = (256, 512, 40);
         let w = Tensor::from_vec(values(n * k, 0x9e37_79b9), (n, k), &dev).unwrap();
         let x = Tensor::from_vec(values(rows * k, 0x2545_f491), (rows, k), &dev).unwrap();
-        for dtype in [
-            GgmlDType::Q4_0,
-            GgmlDType::Q4_1,
-            GgmlDType::Q5_0,
-            GgmlDType::Q5_1,
-            GgmlDType::Q8_0,
-            GgmlDType::Q4K,
-            GgmlDType::Q5K,
-            GgmlDType::Q6K,
-        ] {
+        let k_quants = [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K];
+        for dtype in COVERED.into_iter().chain(k_quants) {
             let lin = Lin::quant(QTensor::quantize(&w, dtype).unwrap(), None).unwrap();
             let all = lin.forward(&x).unwrap().to_vec2::<f32>().unwrap();
             for (start, take) in [(0, 1), (7, 1), (3, 2), (0, 8), (12, 20)] {

@@ -21,6 +21,8 @@ mod simd;
 pub(crate) use attention::{Heads, KvRun, QueryGroup, attend};
 pub use causal::causal_attention;
 pub use norm::add_rms_norm;
+#[cfg(test)]
+pub(crate) use quant::COVERED;
 pub(crate) use quant::quantized_matmul;
 pub use rope::rope_heads;
 pub use silu::{silu_mul, silu_mul_joined};

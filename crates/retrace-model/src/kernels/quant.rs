@@ -26,6 +26,16 @@ use rayon::prelude::*;
 /// type this path covers.
 const QK8: usize = 32;
 
+/// The block types `quantized_matmul` covers.
+#[cfg(test)]
+pub(crate) const COVERED: [GgmlDType; 5] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q5_1,
+    GgmlDType::Q8_0,
+];
+
 /// `x` (.., K) times the transposed quantized `table` (N, K) in llama.cpp's arithmetic; `None`
 /// for block types this path does not cover (the K-quants, whose dot products candle runs the
 /// same way for every row).
@@ -63,7 +73,7 @@ fn matmul<W: GgmlType>(x: &Tensor, table: &QTensor, with_min: bool) -> Result<Te
     if !k.is_multiple_of(QK8) || all.len() != n * (k / QK8) {
         candle_core::bail!("quantized table: {} blocks for ({n}, {k})", all.len())
     }
-    let mins = with_min.then(|| block_mins::<W>(&data)).transpose()?;
+    let mins = with_min.then(|| block_mins::<W>(&data));
     let w = Tensor::from_vec(dequantize(all, n, k), (n, k), &Device::Cpu)?;
     let y = Tensor::from_vec(xq, (rows, k), &Device::Cpu)?.matmul(&w.t()?)?;
     let y = match mins {
@@ -98,11 +108,11 @@ fn blocks<W: GgmlType>(bytes: &[u8]) -> Result<&[W]> {
 
 /// Each block's minimum `m`, for the block types that store one (Q4_1, Q5_1: `repr(C)`
 /// `{ d: f16, m: f16, .. }`, as llama.cpp lays them out; candle keeps the field private).
-fn block_mins<W: GgmlType>(bytes: &[u8]) -> Result<Vec<f32>> {
-    Ok(bytes
+fn block_mins<W: GgmlType>(bytes: &[u8]) -> Vec<f32> {
+    bytes
         .chunks_exact(std::mem::size_of::<W>())
         .map(|b| f16::from_le_bytes([b[2], b[3]]).to_f32())
-        .collect())
+        .collect()
 }
 
 /// `all` (n rows of k) as f32, rows split over candle's threads.
@@ -215,13 +225,7 @@ mod tests {
             let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert_eq!(first_difference(&xq, &want), None, "{act:?}");
         }
-        for dtype in [
-            GgmlDType::Q4_0,
-            GgmlDType::Q4_1,
-            GgmlDType::Q5_0,
-            GgmlDType::Q5_1,
-            GgmlDType::Q8_0,
-        ] {
+        for dtype in COVERED {
             let q = QTensor::quantize(&w, dtype).unwrap();
             let want = q.dequantize(&dev).unwrap().flatten_all().unwrap();
             let data = q.data().unwrap();
@@ -255,8 +259,8 @@ mod tests {
                 .map(|b| b.iter().copied().fold(f32::MAX, f32::min))
                 .collect();
             let got = match dtype {
-                GgmlDType::Q4_1 => block_mins::<BlockQ4_1>(&q.data().unwrap()).unwrap(),
-                _ => block_mins::<BlockQ5_1>(&q.data().unwrap()).unwrap(),
+                GgmlDType::Q4_1 => block_mins::<BlockQ4_1>(&q.data().unwrap()),
+                _ => block_mins::<BlockQ5_1>(&q.data().unwrap()),
             };
             assert_eq!(first_difference(&got, &want), None, "{dtype:?}");
         }
