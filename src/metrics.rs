@@ -6,7 +6,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+mod reward;
 mod upstream;
+pub use reward::{REWARD_ROUTES, REWARD_STATUSES, record_reward_sample, reward_samples_at_zero};
 pub use upstream::{JUDGE_UPSTREAM, PRM_UPSTREAM, UpstreamMetrics};
 
 pub const REQUESTS: &str = "retrace_requests_total";
@@ -25,6 +27,7 @@ pub const PREFIX_TOKENS: &str = "retrace_prefix_tokens_total";
 pub const PREFIX_CACHE_BYTES: &str = "retrace_prefix_cache_bytes";
 pub const PREFIX_CACHE_EVICTIONS: &str = "retrace_prefix_cache_evictions_total";
 pub const DROPPED: &str = "retrace_dropped_total";
+pub const REWARD_SAMPLES: &str = "retrace_reward_samples_total";
 pub const UNAUTHENTICATED: &str = "retrace_unauthenticated_total";
 pub const JUDGE_REQUESTS: &str = "retrace_judge_requests_total";
 pub const JUDGE_REQUEST_DURATION: &str = "retrace_judge_request_duration_seconds";
@@ -319,6 +322,11 @@ const HELP: &[(Kind, &str, &str)] = &[
         Kind::Counter,
         DROPPED,
         "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline).",
+    ),
+    (
+        Kind::Counter,
+        REWARD_SAMPLES,
+        "Reward-route samples answered, by route, evaluator and status (ok, or a stand-in's).",
     ),
 ];
 

@@ -58,7 +58,7 @@ fn check(trace: &Trace, raw: &str) {
 }
 
 fn refused(e: &EngineError) {
-    let EngineError::Invalid { field, .. } = e else {
+    let (EngineError::Invalid { field, .. } | EngineError::TooLarge { field, .. }) = e else {
         panic!("a request refused as something other than bad input: {e:?}");
     };
     assert!(!field.is_empty());

@@ -13,7 +13,7 @@ pub(super) const MAX_MESSAGE_BYTES: usize = 1024;
 /// caller gone -> CANCELLED, anything else -> INTERNAL.
 pub fn to_status(error: &EngineError) -> Status {
     let code = match error {
-        EngineError::Invalid { .. } => Code::InvalidArgument,
+        EngineError::Invalid { .. } | EngineError::TooLarge { .. } => Code::InvalidArgument,
         EngineError::Overloaded(_) => Code::ResourceExhausted,
         EngineError::Unavailable(_) => Code::Unavailable,
         EngineError::DeadlineExceeded(_) => Code::DeadlineExceeded,

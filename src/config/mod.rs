@@ -20,7 +20,7 @@ pub use crate::upstream::UpstreamConfig;
 pub use evaluator::{EvaluatorConfig, KindConfig, defaults};
 pub use flags::ServerFlags;
 pub use reward::{
-    Gives, LabelsAs, OnTimeout, QuestionFrom, RewardConfig, RewardRule, SLIME_EXTRAS,
+    Gives, LabelsAs, QuestionFrom, RewardConfig, RewardRule, SLIME_EXTRAS, Unscored,
     check_reward_key,
 };
 

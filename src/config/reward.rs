@@ -27,8 +27,14 @@ pub struct RewardConfig {
     /// trainers post fixed bodies and headers); unset: no deadline of the server's own.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
-    /// What a sample whose deadline passed gets.
-    pub on_timeout: OnTimeout,
+    /// What a sample whose deadline passed gets (status `timed_out`).
+    pub on_timeout: Unscored,
+    /// What a sample over the evaluator's size limits gets (status `too_large`: bytes, steps or
+    /// tokens): a policy that writes a long answer is data, not a client bug.
+    pub on_too_large: Unscored,
+    /// What a sample gets when its evaluator (or the judge behind it) could not answer
+    /// (status `unavailable`).
+    pub on_unavailable: Unscored,
     /// The policy's tokenizer (a folder holding `tokenizer.json`): with it, `/get_reward` takes
     /// token ids (`prompt_ids`, `completion_ids`) and decodes them itself.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -48,7 +54,9 @@ impl Default for RewardConfig {
             labels: LabelsAs::Ignore,
             empty_reward: 0.0,
             timeout_s: None,
-            on_timeout: OnTimeout::Error,
+            on_timeout: Unscored::Error,
+            on_too_large: Unscored::EmptyReward,
+            on_unavailable: Unscored::Error,
             policy_tokenizer: None,
             reward_key: None,
         }
@@ -66,6 +74,19 @@ impl RewardConfig {
         {
             return refuse(format!("timeout_s must lie in (0, {MAX_SECONDS}], got {t}"));
         }
+        for (key, on) in [
+            ("on_timeout", self.on_timeout),
+            ("on_too_large", self.on_too_large),
+            ("on_unavailable", self.on_unavailable),
+        ] {
+            if let Unscored::Reward(r) = on
+                && !r.is_finite()
+            {
+                return refuse(format!(
+                    "{key} must be \"error\", \"empty_reward\" or a finite number"
+                ));
+            }
+        }
         if let Some(key) = &self.reward_key {
             check_reward_key(key).map_err(|m| Refused(format!("reward_key {m}")))?;
         }
@@ -73,13 +94,15 @@ impl RewardConfig {
     }
 }
 
-/// The numbers `/slime/reward` puts beside the reward in its dict; a reward key may not be one.
-pub const SLIME_EXTRAS: [&str; 5] = [
+/// What `/slime/reward` puts beside the reward in its dict (numbers, and the sample's status by
+/// name); a reward key may not be one.
+pub const SLIME_EXTRAS: [&str; 6] = [
     "trace_score",
     "first_error_index",
     "step_count",
     "category",
     "timed_out",
+    "status",
 ];
 
 /// Why `key` can't name the reward in `/slime/reward`'s dict, if it can't.
@@ -96,14 +119,63 @@ pub fn check_reward_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// What a reward sample gets when its deadline passes before its verdict.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum OnTimeout {
-    /// The request fails with DEADLINE_EXCEEDED (HTTP 504) naming the deadline.
+/// What a reward sample that got no verdict gets (in TOML: `"error"`, `"empty_reward"` or a
+/// number). Whatever it gets, its status says why, so a stand-in reward is never mistaken for
+/// a verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "UnscoredToml", into = "UnscoredToml")]
+pub enum Unscored {
+    /// The request fails with the sample's error (its status code: 504 for a deadline, 400 for
+    /// a size limit, 503 for an evaluator down).
     Error,
-    /// The sample gets `empty_reward` and `timed_out` 1 in its logs; the rest keep theirs.
+    /// The sample gets `empty_reward`; the rest keep theirs.
     EmptyReward,
+    /// The sample gets this reward; the rest keep theirs.
+    Reward(f32),
+}
+
+/// `Unscored` as TOML spells it.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum UnscoredToml {
+    Name(String),
+    Reward(f32),
+}
+
+impl TryFrom<UnscoredToml> for Unscored {
+    type Error = String;
+
+    fn try_from(t: UnscoredToml) -> Result<Self, String> {
+        match t {
+            UnscoredToml::Reward(r) => Ok(Unscored::Reward(r)),
+            UnscoredToml::Name(n) if n == "error" => Ok(Unscored::Error),
+            UnscoredToml::Name(n) if n == "empty_reward" => Ok(Unscored::EmptyReward),
+            UnscoredToml::Name(n) => Err(format!(
+                "expected \"error\", \"empty_reward\" or a number, got {n:?}"
+            )),
+        }
+    }
+}
+
+impl From<Unscored> for UnscoredToml {
+    fn from(u: Unscored) -> Self {
+        match u {
+            Unscored::Error => UnscoredToml::Name("error".into()),
+            Unscored::EmptyReward => UnscoredToml::Name("empty_reward".into()),
+            Unscored::Reward(r) => UnscoredToml::Reward(r),
+        }
+    }
+}
+
+impl Unscored {
+    /// The reward it gives, or `None` when the request fails instead.
+    pub fn reward(self, empty_reward: f32) -> Option<f32> {
+        match self {
+            Unscored::Error => None,
+            Unscored::EmptyReward => Some(empty_reward),
+            Unscored::Reward(r) => Some(r),
+        }
+    }
 }
 
 /// A verdict as one reward.
@@ -336,5 +408,40 @@ mod tests {
         assert_eq!(RewardRule::Correct.apply(&alone, 2), Ok(0.0));
         assert!(RewardRule::Prefix.apply(&alone, 2).is_err());
         assert!(RewardRule::MinWithOutcome.apply(&alone, 2).is_err());
+    }
+}
+
+#[cfg(test)]
+mod unscored_tests {
+    use super::*;
+
+    fn parse(toml_text: &str) -> Result<RewardConfig, String> {
+        toml::from_str(toml_text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_stand_in_is_error_empty_reward_or_a_number() {
+        let c = parse("on_timeout = \"empty_reward\"\non_too_large = -1\non_unavailable = 0.5")
+            .unwrap();
+        assert_eq!(c.on_timeout, Unscored::EmptyReward);
+        assert_eq!(c.on_too_large, Unscored::Reward(-1.0));
+        assert_eq!(c.on_unavailable, Unscored::Reward(0.5));
+        let defaults = RewardConfig::default();
+        assert_eq!(defaults.on_timeout, Unscored::Error);
+        assert_eq!(defaults.on_too_large, Unscored::EmptyReward);
+        assert_eq!(defaults.on_unavailable, Unscored::Error);
+        let e = parse("on_too_large = \"skip\"").unwrap_err();
+        assert!(e.contains("\"skip\"") && e.contains("empty_reward"), "{e}");
+        let nan = RewardConfig {
+            on_unavailable: Unscored::Reward(f32::NAN),
+            ..RewardConfig::default()
+        };
+        let why = nan.check().unwrap_err().0;
+        assert!(why.starts_with("on_unavailable"), "{why}");
+        // Written back as read.
+        let text = toml::to_string(&c).unwrap();
+        assert_eq!(parse(&text).unwrap(), c);
+        assert_eq!(Unscored::EmptyReward.reward(-3.0), Some(-3.0));
+        assert_eq!(Unscored::Error.reward(-3.0), None);
     }
 }

@@ -80,6 +80,14 @@ pub enum EngineError {
     /// fields relative to the trace it was given; the engine makes them the caller's.
     #[error("{field}: {message}")]
     Invalid { field: FieldPath, message: String },
+    /// The input passes one of the server's size limits: bad input too, but a trainer's sample
+    /// that runs long is data, so the reward routes can score it apart instead of failing.
+    #[error("{field}: {message}")]
+    TooLarge {
+        field: FieldPath,
+        limit: Limit,
+        message: String,
+    },
     #[error("server at capacity: {0}")]
     Overloaded(String),
     #[error("unavailable: {0}")]
@@ -92,7 +100,36 @@ pub enum EngineError {
     Internal(String),
 }
 
+/// Which size limit a too-large input passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// `max_trace_bytes`.
+    Bytes,
+    /// `max_steps`.
+    Steps,
+    /// The model's context (`max_position_embeddings`).
+    Tokens,
+}
+
+impl Limit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Bytes => "bytes",
+            Limit::Steps => "steps",
+            Limit::Tokens => "tokens",
+        }
+    }
+}
+
 impl EngineError {
+    pub fn too_large(field: FieldPath, limit: Limit, message: impl Into<String>) -> Self {
+        EngineError::TooLarge {
+            field,
+            limit,
+            message: message.into(),
+        }
+    }
+
     pub fn invalid(field: impl Into<FieldPath>, message: impl Into<String>) -> Self {
         EngineError::Invalid {
             field: field.into(),

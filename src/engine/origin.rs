@@ -43,6 +43,18 @@ impl Origin {
                 field: self.at.clone(),
                 message: format!("{field}: {message}"),
             },
+            EngineError::TooLarge {
+                field,
+                limit,
+                message,
+            } => match self.locate(EngineError::invalid(field, message)) {
+                EngineError::Invalid { field, message } => EngineError::TooLarge {
+                    field,
+                    limit,
+                    message,
+                },
+                other => other,
+            },
             other => other,
         }
     }

@@ -1,7 +1,7 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
 use super::origin::Origin;
-use super::{DEFAULT_THRESHOLD, Description, EngineError, Evaluator, Job};
+use super::{DEFAULT_THRESHOLD, Description, EngineError, Evaluator, Job, Limit};
 use crate::field::FieldPath;
 use crate::metrics;
 use crate::trace::{Aggregate, Judgement, Trace, Verdict};
@@ -245,17 +245,35 @@ impl Engine {
             return Ok(Vec::new());
         };
         let slot = self.slot(&first.evaluator)?;
-        for r in &requests {
-            slot.check_limits(&r.trace)
-                .map_err(|e| r.origin.locate(e))?;
+        // A trace over a limit is settled before admission: a caller that fails on it fails
+        // before any work is done, and one that settles it (a reward route scoring the sample
+        // apart) has it judged without taking a permit.
+        let mut settled = Vec::with_capacity(requests.len());
+        let mut admitted = Vec::with_capacity(requests.len());
+        for r in requests {
+            match slot.check_limits(&r.trace) {
+                Ok(()) => {
+                    settled.push(None);
+                    admitted.push(r);
+                }
+                Err(e) => settled.push(Some(settle(Err(r.origin.locate(e)))?)),
+            }
         }
-        let _permit = self.admit(requests.len(), list)?;
+        let _permit = match admitted.is_empty() {
+            true => None,
+            false => Some(self.admit(admitted.len(), list)?),
+        };
         let settle = &settle;
-        let runs = requests.into_iter().map(|r| async move {
+        let runs = admitted.into_iter().map(|r| async move {
             let origin = r.origin.clone();
             settle(slot.run(r).await.map_err(|e| origin.locate(e)))
         });
-        futures::future::try_join_all(runs).await
+        let mut ran = futures::future::try_join_all(runs).await?.into_iter();
+        settled
+            .into_iter()
+            .map(|s| s.or_else(|| ran.next()))
+            .collect::<Option<Vec<T>>>()
+            .ok_or_else(|| EngineError::Internal("a request of the batch went unanswered".into()))
     }
 
     fn slot(&self, requested: &str) -> Result<&Slot, EngineError> {
@@ -319,8 +337,9 @@ impl Slot {
     /// The evaluator's limits on a trace; fields are named relative to it.
     fn check_limits(&self, trace: &Trace) -> Result<(), EngineError> {
         if trace.steps.len() > self.max_steps {
-            return Err(EngineError::invalid(
+            return Err(EngineError::too_large(
                 FieldPath::root().then("steps"),
+                Limit::Steps,
                 format!(
                     "{} steps exceed this evaluator's limit of {}",
                     trace.steps.len(),
@@ -330,8 +349,9 @@ impl Slot {
         }
         let bytes = trace.byte_len();
         if bytes > self.max_trace_bytes {
-            return Err(EngineError::invalid(
+            return Err(EngineError::too_large(
                 FieldPath::root(),
+                Limit::Bytes,
                 format!(
                     "{bytes} bytes exceed this evaluator's limit of {} (max_trace_bytes)",
                     self.max_trace_bytes

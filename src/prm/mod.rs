@@ -16,7 +16,7 @@ pub use config::{
     Backend, CandleConfig, DeviceSpec, Dtype, MOVED_TO_VLLM, PrmConfig, VllmConfig, defaults,
 };
 
-use crate::engine::{Description, EngineError, Evaluator, Job};
+use crate::engine::{Description, EngineError, Evaluator, Job, Limit};
 use crate::env::Env;
 use crate::field::FieldPath;
 use crate::metrics;
@@ -66,7 +66,9 @@ impl From<PrmError> for EngineError {
             PrmError::Format(FormatError::Trace(message)) => {
                 EngineError::invalid(FieldPath::root(), message)
             }
-            e @ PrmError::TooLong { .. } => EngineError::invalid(FieldPath::root(), e.to_string()),
+            e @ PrmError::TooLong { .. } => {
+                EngineError::too_large(FieldPath::root(), Limit::Tokens, e.to_string())
+            }
             PrmError::Batch(BatchError::QueueFull(n)) => {
                 EngineError::Overloaded(format!("the model's queue is full ({n} requests)"))
             }

@@ -456,7 +456,10 @@ async fn loading_is_503_and_health_says_so() {
 /// the body has no field for.
 #[tokio::test]
 async fn reward_errors_name_the_sample_the_body_holds() {
-    let s = fake_server("max_steps = 2", Duration::from_millis(1)).await;
+    // A sample over the limits fails its request only when asked to; by default it gets its
+    // status (a_sample_over_the_size_limits_gets_its_status_and_the_others_their_rewards).
+    let strict = "max_steps = 2\n[reward]\non_too_large = \"error\"";
+    let s = fake_server(strict, Duration::from_millis(1)).await;
     let too_long = format!("{}one\n\ntwo\n\nthree", chatml_prompt("q"));
     let empty = format!("{}<|im_end|>", chatml_prompt("q"));
     let fits = format!("{}one\n\ntwo", chatml_prompt("q"));

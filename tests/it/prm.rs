@@ -205,9 +205,14 @@ async fn over_long_traces_and_tagged_steps_are_refused_by_field() {
         reference_answer: None,
     };
     match e.evaluate(job(&long)).await {
-        Err(EngineError::Invalid { field, message }) => {
-            // The trace itself: the engine names where the caller put it.
+        Err(EngineError::TooLarge {
+            field,
+            limit,
+            message,
+        }) => {
+            // The trace itself: the engine names where the caller put it, and which limit.
             assert_eq!(field, FieldPath::root());
+            assert_eq!(limit, retrace::engine::Limit::Tokens);
             assert!(message.contains("exceed the model's context"), "{message}");
         }
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),

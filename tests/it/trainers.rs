@@ -476,3 +476,72 @@ async fn samples_answered_in_time_keep_their_rewards() {
     assert_eq!(got["extra_logs"]["first_error_index"][1 - late], json!(1));
     s.stop().await.unwrap();
 }
+
+/// `/get_reward` with two samples: the usual one, then one whose response runs past the
+/// evaluator's `max_trace_bytes = 300`.
+fn a_short_and_a_long_sample() -> Value {
+    let long = "One more step that goes on.\n\n".repeat(20);
+    let long = format!("{}{long}<|im_end|>", chatml_prompt("Count to two."));
+    json!({"query": [one_sample()["query"], long]})
+}
+
+#[tokio::test]
+async fn a_sample_over_the_size_limits_gets_its_status_and_the_others_their_rewards() {
+    let up = Upstream::start(reply(JUDGED)).await;
+    let extra = "max_trace_bytes = 300\n[reward]\nempty_reward = -1.0\nrule = \"prefix\"";
+    let s = judge_server("sized", &up, extra).await;
+    let (status, got) = post_with(&s, "/get_reward", &a_short_and_a_long_sample(), &[]).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["rewards"], json!([0.5, -1.0]), "{got}");
+    assert_eq!(got["status"], json!(["ok", "too_large"]), "{got}");
+    assert_eq!(got["extra_logs"]["too_large"], json!([0, 1]), "{got}");
+    let detail = got["status_detail"][1].as_str().unwrap();
+    assert!(
+        detail.starts_with("query[1]") && detail.contains("bytes exceed"),
+        "{detail}"
+    );
+    assert_eq!(got["status_detail"][0], Value::Null, "{got}");
+    // The long sample never reached the judge.
+    assert_eq!(up.hits(), 1);
+    let scrape = s.scrape().await;
+    for (state, want) in [("ok", 1.0), ("too_large", 1.0), ("unavailable", 0.0)] {
+        let labels = [
+            ("route", "/get_reward"),
+            ("evaluator", "sized"),
+            ("status", state),
+        ];
+        let got = sample(&scrape, "retrace_reward_samples_total", &labels);
+        assert_eq!(got, Some(want), "{state}");
+    }
+    s.stop().await.unwrap();
+
+    // Asked to, the same batch fails, naming the sample.
+    let extra = "max_trace_bytes = 300\n[reward]\non_too_large = \"error\"";
+    let s = judge_server("sized-strict", &up, extra).await;
+    let (status, got) = post_with(&s, "/get_reward", &a_short_and_a_long_sample(), &[]).await;
+    assert_eq!(status, 400, "{got}");
+    assert_eq!(got["error"]["field"], json!("query[1]"), "{got}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unavailable_judge_gives_a_stand_in_reward_only_when_asked() {
+    let up = Upstream::start(Fault::Status(503, None, "down for maintenance".into())).await;
+    let extra = "[reward]\non_unavailable = -2.5";
+    let s = judge_server("down", &up, extra).await;
+    let (status, got) = post_with(&s, "/get_reward", &one_sample(), &[]).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        (got["rewards"].clone(), got["status"].clone()),
+        (json!(-2.5), json!("unavailable")),
+        "{got}"
+    );
+    assert_eq!(got["extra_logs"]["unavailable"], json!(1), "{got}");
+    s.stop().await.unwrap();
+    // By default the request fails, as an evaluator that is down should be retried, not
+    // trained on.
+    let s = judge_server("down-default", &up, "").await;
+    let (status, got) = post_with(&s, "/get_reward", &one_sample(), &[]).await;
+    assert_eq!(status, 503, "{got}");
+    s.stop().await.unwrap();
+}

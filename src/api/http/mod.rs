@@ -55,6 +55,9 @@ pub fn router(
         )),
         None => None,
     };
+    for e in engine.list() {
+        crate::metrics::reward_samples_at_zero(&e.name);
+    }
     let state = Arc::new(Http {
         engine,
         auth,
@@ -97,7 +100,9 @@ impl From<EngineError> for Failure {
     fn from(e: EngineError) -> Self {
         let status = status::to_status(&e);
         let field = match e {
-            EngineError::Invalid { field, .. } => Some(field.to_string()),
+            EngineError::Invalid { field, .. } | EngineError::TooLarge { field, .. } => {
+                Some(field.to_string())
+            }
             _ => None,
         };
         Failure {

@@ -76,7 +76,7 @@ fn first_bad_field(req: &pb::EvaluateRequest) -> Option<String> {
 }
 
 fn invalid_field(e: &EngineError) -> Result<String, TestCaseError> {
-    let EngineError::Invalid { field, .. } = e else {
+    let (EngineError::Invalid { field, .. } | EngineError::TooLarge { field, .. }) = e else {
         return Err(TestCaseError::fail(format!("not bad input: {e:?}")));
     };
     let status = to_status(e);

@@ -14,8 +14,8 @@ pub(super) use slime::Slime;
 use super::{Failure, Http, QueryParams, answer_as, chat, params, refuse};
 use crate::api::convert::TraceParts;
 use crate::api::{convert, label};
-use crate::config::{LabelsAs, OnTimeout, RewardConfig, RewardRule};
-use crate::engine::{Engine, EngineError, Origin, Request};
+use crate::config::{LabelsAs, RewardConfig, RewardRule};
+use crate::engine::{Engine, EngineError, Limit, Origin, Request};
 use crate::field::FieldPath;
 use crate::trace::{Trace, Verdict};
 use axum::body::Bytes;
@@ -91,8 +91,38 @@ pub(super) struct SampleReward {
     pub first_error_index: i32,
     pub step_count: usize,
     pub category: i32,
-    /// Its deadline passed and `on_timeout = "empty_reward"` gave it `empty_reward`.
-    pub timed_out: bool,
+    /// Whether the reward is a verdict's, and if not, why not.
+    pub status: SampleStatus,
+    /// The error behind a status other than `ok` and `empty`.
+    pub detail: Option<String>,
+}
+
+/// Why a sample's reward is what it is: a verdict's (`ok`), or the stand-in `[reward]` sets
+/// for a sample that got none, so a trainer never mistakes one for the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SampleStatus {
+    Ok,
+    /// The response holds no step.
+    Empty,
+    /// Over a size limit of the evaluator's (bytes, steps or tokens).
+    TooLarge(Limit),
+    /// Its deadline passed first.
+    TimedOut,
+    /// The evaluator (or its upstream) could not answer.
+    Unavailable,
+}
+
+impl SampleStatus {
+    /// The status's name, as the replies and `retrace_reward_samples_total` spell it.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            SampleStatus::Ok => "ok",
+            SampleStatus::Empty => "empty",
+            SampleStatus::TooLarge(_) => "too_large",
+            SampleStatus::TimedOut => "timed_out",
+            SampleStatus::Unavailable => "unavailable",
+        }
+    }
 }
 
 /// When a reward request stops waiting, and what set it, for the error that names it.
@@ -158,21 +188,20 @@ pub(super) async fn handle<C: Contract>(
         Err(f) => return refuse(C::RPC, arrived, f),
     };
     let evaluator = reward.evaluator.clone().unwrap_or_default();
-    answer_as(
-        C::RPC,
-        label(&http.engine, &evaluator),
-        arrived,
-        async move {
-            let samples = policy::decode_ids(http.policy.clone(), samples).await?;
-            let list = contract.list();
-            let scored = score(&http.engine, &reward, samples, &list, deadline, arrived).await?;
-            let code = match scored.iter().any(|s| s.timed_out) {
-                true => Code::DeadlineExceeded,
-                false => Code::Ok,
-            };
-            Ok((contract.render(&scored), code))
-        },
-    )
+    let named = label(&http.engine, &evaluator);
+    answer_as(C::RPC, named.clone(), arrived, async move {
+        let samples = policy::decode_ids(http.policy.clone(), samples).await?;
+        let list = contract.list();
+        let scored = score(&http.engine, &reward, samples, &list, deadline, arrived).await?;
+        for s in &scored {
+            crate::metrics::record_reward_sample(C::RPC, &named, s.status.as_str());
+        }
+        let code = match scored.iter().any(|s| s.status == SampleStatus::TimedOut) {
+            true => Code::DeadlineExceeded,
+            false => Code::Ok,
+        };
+        Ok((contract.render(&scored), code))
+    })
     .await
 }
 
@@ -271,47 +300,80 @@ async fn score(
             origin: Origin::text(at.clone()),
         })
         .collect();
-    let keep_going = reward.on_timeout == OnTimeout::EmptyReward;
-    let settle = |result: Result<Verdict, EngineError>| match result {
-        Err(EngineError::DeadlineExceeded(_)) if keep_going => Ok(None),
-        Err(EngineError::DeadlineExceeded(m)) => Err(match deadline {
-            Some(d) => d.exceeded(&m),
-            None => EngineError::DeadlineExceeded(m),
-        }),
-        other => other.map(Some),
-    };
-    let mut verdicts = engine
+    let settle = |result| settle(result, reward, deadline);
+    let mut settled = engine
         .evaluate_each(requests, list, settle)
         .await?
         .into_iter();
-    let empty = |timed_out| SampleReward {
-        reward: reward.empty_reward,
-        trace_score: reward.empty_reward,
+    let stand_in = |status, reward, detail| SampleReward {
+        reward,
+        trace_score: reward,
         first_error_index: 0,
         step_count: 0,
         category: crate::api::pb::ErrorCategory::Unspecified as i32,
-        timed_out,
+        status,
+        detail,
     };
     let scored: Vec<SampleReward> = traces
         .iter()
         .map(|t| match t {
-            None => Ok(empty(false)),
-            Some((t, _)) => match verdicts.next().flatten() {
-                Some(v) => scored(reward.rule, t, v),
-                None => Ok(empty(true)),
+            None => Ok(stand_in(SampleStatus::Empty, reward.empty_reward, None)),
+            Some((t, _)) => match settled.next() {
+                Some(Settled::Verdict(v)) => scored(reward.rule, t, v),
+                Some(Settled::Unscored(status, r, detail)) => Ok(stand_in(status, r, Some(detail))),
+                None => Err(EngineError::Internal(
+                    "a reward sample went unanswered".into(),
+                )),
             },
         })
         .collect::<Result<_, _>>()?;
-    let late = scored.iter().filter(|s| s.timed_out).count();
-    if late > 0 {
+    let unscored = scored.iter().filter(|s| s.detail.is_some()).count();
+    if unscored > 0 {
         tracing::warn!(
-            samples = late,
+            samples = unscored,
+            of = scored.len(),
+            first = ?scored.iter().find_map(|s| s.detail.as_deref()),
             deadline_s = ?deadline.map(|d| d.seconds),
-            from = ?deadline.map(|d| d.from),
-            "reward samples passed their deadline; answered with empty_reward"
+            "reward samples got no verdict; answered with [reward]'s stand-in and their status"
         );
     }
     Ok(scored)
+}
+
+/// A scored sample's outcome: its verdict, or the status and stand-in reward `[reward]`
+/// gives a sample that got none.
+enum Settled {
+    Verdict(Verdict),
+    Unscored(SampleStatus, f32, String),
+}
+
+/// One sample's result as `[reward]`'s `on_*` keys settle it: a verdict, a stand-in reward
+/// with its status, or the error that fails the request (a deadline naming what set it).
+fn settle(
+    result: Result<Verdict, EngineError>,
+    reward: &RewardConfig,
+    deadline: Option<Deadline>,
+) -> Result<Settled, EngineError> {
+    let e = match result {
+        Ok(v) => return Ok(Settled::Verdict(v)),
+        Err(e) => e,
+    };
+    let (status, on) = match &e {
+        EngineError::DeadlineExceeded(_) => (SampleStatus::TimedOut, reward.on_timeout),
+        EngineError::TooLarge { limit, .. } => {
+            (SampleStatus::TooLarge(*limit), reward.on_too_large)
+        }
+        EngineError::Unavailable(_) => (SampleStatus::Unavailable, reward.on_unavailable),
+        _ => return Err(e),
+    };
+    match (on.reward(reward.empty_reward), e) {
+        (Some(r), e) => Ok(Settled::Unscored(status, r, e.to_string())),
+        (None, EngineError::DeadlineExceeded(m)) => Err(match deadline {
+            Some(d) => d.exceeded(&m),
+            None => EngineError::DeadlineExceeded(m),
+        }),
+        (None, e) => Err(e),
+    }
 }
 
 /// One sample's reward; a rule the verdict can't serve (a `?rule=` or `?evaluator=` override the
@@ -333,7 +395,8 @@ fn scored(rule: RewardRule, trace: &Trace, v: Verdict) -> Result<SampleReward, E
         first_error_index: v.judgement.error_index(),
         step_count: trace.steps.len(),
         category: convert::category(v.judgement.category) as i32,
-        timed_out: false,
+        status: SampleStatus::Ok,
+        detail: None,
     })
 }
 
@@ -360,6 +423,21 @@ fn label_text(value: Value, field: FieldPath) -> Result<Option<String>, Failure>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_status_is_a_series_the_metrics_start_at_zero() {
+        let all = [
+            SampleStatus::Ok,
+            SampleStatus::Empty,
+            SampleStatus::TooLarge(Limit::Bytes),
+            SampleStatus::TimedOut,
+            SampleStatus::Unavailable,
+        ];
+        let names: Vec<_> = all.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, crate::metrics::REWARD_STATUSES);
+        let routes = [Openrlhf::RPC, Slime::RPC];
+        assert_eq!(routes, crate::metrics::REWARD_ROUTES);
+    }
 
     #[test]
     fn the_header_wins_over_the_config_and_names_itself() {

@@ -4,6 +4,8 @@
 //! markers, is segmented into steps, and the question is read from the prompt. With the
 //! policy's tokenizer configured, `prompt_ids` and `completion_ids` may stand for the text.
 
+#[cfg(test)]
+use super::SampleStatus;
 use super::policy::NO_TOKENIZER;
 use super::{Contract, Failure, Http, Sample, SampleReward, Text, sample_at};
 use crate::field::FieldPath;
@@ -238,12 +240,15 @@ fn optional_list(
 
 /// OpenRLHF reads `rewards`, then `scores` (the same numbers here), then `extra_logs`, whose
 /// values it turns into tensors: numbers only, so the category is its proto enum number and
-/// `timed_out` is 0 or 1.
+/// each status other than `ok` a 0-or-1 series (whose batch mean is its share). The statuses
+/// by name, and what went wrong, are beside them for clients that read them.
 #[derive(Serialize)]
 struct Rewards {
     rewards: Vec<f32>,
     scores: Vec<f32>,
     extra_logs: ExtraLogs,
+    status: Vec<&'static str>,
+    status_detail: Vec<Option<String>>,
 }
 
 #[derive(Serialize)]
@@ -252,12 +257,19 @@ struct ExtraLogs {
     step_count: Vec<usize>,
     category: Vec<i32>,
     trace_score: Vec<f32>,
+    empty: Vec<u8>,
+    too_large: Vec<u8>,
     timed_out: Vec<u8>,
+    unavailable: Vec<u8>,
 }
 
 /// The reply: lists for a list, scalars for one string.
 fn render(scored: &[SampleReward], single: bool) -> Value {
     let rewards: Vec<f32> = scored.iter().map(|s| s.reward).collect();
+    let is = |name: &str| -> Vec<u8> {
+        let of = |s: &SampleReward| u8::from(s.status.as_str() == name);
+        scored.iter().map(of).collect()
+    };
     let body = Rewards {
         scores: rewards.clone(),
         rewards,
@@ -266,8 +278,13 @@ fn render(scored: &[SampleReward], single: bool) -> Value {
             step_count: scored.iter().map(|s| s.step_count).collect(),
             category: scored.iter().map(|s| s.category).collect(),
             trace_score: scored.iter().map(|s| s.trace_score).collect(),
-            timed_out: scored.iter().map(|s| u8::from(s.timed_out)).collect(),
+            empty: is("empty"),
+            too_large: is("too_large"),
+            timed_out: is("timed_out"),
+            unavailable: is("unavailable"),
         },
+        status: scored.iter().map(|s| s.status.as_str()).collect(),
+        status_detail: scored.iter().map(|s| s.detail.clone()).collect(),
     };
     let mut value = serde_json::to_value(body).unwrap_or(Value::Null);
     if single {
@@ -430,14 +447,17 @@ mod tests {
             first_error_index: -1,
             step_count: 2,
             category: 1,
-            timed_out: false,
+            status: SampleStatus::Ok,
+            detail: None,
         };
         let one = render(std::slice::from_ref(&s), true);
         assert_eq!(one["rewards"], serde_json::json!(0.5));
         assert_eq!(one["extra_logs"]["step_count"], serde_json::json!(2));
         assert_eq!(one["extra_logs"]["timed_out"], serde_json::json!(0));
+        assert_eq!(one["status"], serde_json::json!("ok"));
         let late = SampleReward {
-            timed_out: true,
+            status: SampleStatus::TimedOut,
+            detail: Some("deadline exceeded".into()),
             ..s.clone()
         };
         let many = render(&[s, late], false);

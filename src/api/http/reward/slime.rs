@@ -4,7 +4,7 @@
 //! the reply is a bare number unless a reward key is asked for (`?reward_key=` on the URL, or
 //! `[reward] reward_key`); then `{KEY: reward, ...}` with the verdict's numbers beside it.
 
-use super::{Contract, Failure, Http, Sample, SampleReward, Text, label_text};
+use super::{Contract, Failure, Http, Sample, SampleReward, SampleStatus, Text, label_text};
 use crate::config::{SLIME_EXTRAS, check_reward_key};
 use crate::field::FieldPath;
 use serde_json::{Map, Value, json};
@@ -48,7 +48,8 @@ impl Contract for Slime {
                     json!(s.first_error_index),
                     json!(s.step_count),
                     json!(s.category),
-                    json!(u8::from(s.timed_out)),
+                    json!(u8::from(s.status == SampleStatus::TimedOut)),
+                    json!(s.status.as_str()),
                 ];
                 object.extend(SLIME_EXTRAS.iter().map(|k| k.to_string()).zip(extras));
                 Value::Object(object)
@@ -193,7 +194,8 @@ mod tests {
             first_error_index: 1,
             step_count: 4,
             category: 0,
-            timed_out: false,
+            status: SampleStatus::Ok,
+            detail: None,
         };
         let plain = Slime { reward_key: None };
         assert_eq!(plain.render(std::slice::from_ref(&s)), json!(0.25));
@@ -203,7 +205,7 @@ mod tests {
         assert_eq!(
             keyed.render(&[s]),
             json!({"score": 0.25, "trace_score": 0.5, "first_error_index": 1, "step_count": 4,
-                   "category": 0, "timed_out": 0})
+                   "category": 0, "timed_out": 0, "status": "ok"})
         );
     }
 }
