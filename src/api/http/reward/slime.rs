@@ -5,7 +5,7 @@
 //! `[reward] reward_key`); then `{KEY: reward, ...}` with the verdict's numbers beside it.
 
 use super::{Contract, Failure, Http, Sample, SampleReward, SampleStatus, Text, label_text};
-use crate::config::{SLIME_EXTRAS, check_reward_key};
+use crate::config::{LabelsAs, SLIME_EXTRAS, check_reward_key};
 use crate::field::FieldPath;
 use serde_json::{Map, Value, json};
 
@@ -31,7 +31,10 @@ impl Contract for Slime {
             }
             None => http.reward.reward_key.clone(),
         };
-        Ok((Slime { reward_key }, vec![parse_sample(body)?]))
+        Ok((
+            Slime { reward_key },
+            vec![parse_sample(body, http.reward.labels)?],
+        ))
     }
 
     fn list(&self) -> FieldPath {
@@ -61,8 +64,10 @@ impl Contract for Slime {
 }
 
 /// Reads slime's body: `prompt` (a string, or chat messages), `response` and an optional
-/// `label`; other keys are ignored.
-pub(super) fn parse_sample(body: &[u8]) -> Result<Sample, Failure> {
+/// `label`, read only when `labels` says labels are references (slime's datasets hold dicts
+/// and lists there, which a reference-free reward must not refuse: slime retries a refused
+/// sample ten times, then stops); other keys are ignored.
+pub(super) fn parse_sample(body: &[u8], labels: LabelsAs) -> Result<Sample, Failure> {
     let value: Value = super::super::parse(body)?;
     let Value::Object(mut object) = value else {
         return Err(Failure::invalid(
@@ -86,10 +91,13 @@ pub(super) fn parse_sample(body: &[u8]) -> Result<Sample, Failure> {
         Some(_) => return Err(Failure::invalid("response", "must be a string")),
         None => return Err(Failure::invalid("response", "is required")),
     };
-    let label = label_text(
-        object.remove("label").unwrap_or(Value::Null),
-        "label".into(),
-    )?;
+    let label = match labels {
+        LabelsAs::Reference => label_text(
+            object.remove("label").unwrap_or(Value::Null),
+            "label".into(),
+        )?,
+        LabelsAs::Ignore => None,
+    };
     Ok(Sample {
         text: Text::Apart {
             prompt,
@@ -134,12 +142,19 @@ mod tests {
     use super::*;
 
     fn field(body: &[u8]) -> String {
-        parse_sample(body).unwrap_err().field.unwrap_or_default()
+        parse_sample(body, LabelsAs::Reference)
+            .unwrap_err()
+            .field
+            .unwrap_or_default()
     }
 
     #[test]
     fn reads_what_slime_posts() {
-        let s = parse_sample(br#"{"prompt": "p", "response": "r", "label": 42}"#).unwrap();
+        let s = parse_sample(
+            br#"{"prompt": "p", "response": "r", "label": 42}"#,
+            LabelsAs::Reference,
+        )
+        .unwrap();
         assert_eq!(
             s.text,
             Text::Apart {
@@ -152,6 +167,7 @@ mod tests {
         let s = parse_sample(
             br#"{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}],
                  "response": "5", "label": null, "metadata": {}}"#,
+            LabelsAs::Reference,
         )
         .unwrap();
         assert_eq!(
@@ -163,6 +179,15 @@ mod tests {
             }
         );
         assert_eq!(s.label, None);
+    }
+
+    #[test]
+    fn a_label_of_any_shape_is_left_alone_when_labels_are_ignored() {
+        for label in [r#"{"answer": "5", "id": 3}"#, "[1, 2]", "\"5\"", "null"] {
+            let body = format!(r#"{{"prompt": "p", "response": "r", "label": {label}}}"#);
+            let s = parse_sample(body.as_bytes(), LabelsAs::Ignore).unwrap();
+            assert_eq!(s.label, None, "{label}");
+        }
     }
 
     #[test]
