@@ -1,8 +1,9 @@
 """retrace-client: Python client for the retrace step-level reasoning judge.
 
 `Client` (sync) and `AsyncClient` (asyncio) speak gRPC to `retrace serve`; `retrace_client.trl`
-and `retrace_client.verl` turn them into trainers' reward functions. Results are the frozen
-dataclasses in `models`; failures are `RetraceError` subclasses from `errors`.
+and `retrace_client.verl` turn them into trainers' reward functions, and `retrace_client.areal`
+into an AReaL process-reward scorer. Results are the frozen dataclasses in `models`; failures
+are `RetraceError` subclasses from `errors`.
 """
 
 from ._proto import pb

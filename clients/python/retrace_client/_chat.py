@@ -79,6 +79,14 @@ def question_of(prompt: Any) -> str:
     raise ValueError(f"a prompt must be a string or a list of messages, not {type(prompt).__name__}")
 
 
+def assistant_text(messages: Any) -> str:
+    """The content of a conversation's assistant messages, joined by blank lines, as written."""
+    parts = [_content(m) for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
+    if not parts:
+        raise ValueError("the conversational completion has no assistant message")
+    return "\n\n".join(parts)
+
+
 def response_of(completion: Any) -> str:
     """A text completion, or the content of a conversational completion's assistant messages."""
     if isinstance(completion, str):
@@ -86,8 +94,5 @@ def response_of(completion: Any) -> str:
     if isinstance(completion, dict):
         completion = [completion]
     if isinstance(completion, (list, tuple)):
-        parts = [_content(m) for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
-        if not parts:
-            raise ValueError("the conversational completion has no assistant message")
-        return strip_end_markers("\n\n".join(parts))
+        return strip_end_markers(assistant_text(completion))
     raise ValueError(f"a completion must be a string or a list of messages, not {type(completion).__name__}")

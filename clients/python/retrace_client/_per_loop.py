@@ -29,3 +29,9 @@ class PerLoop:
                 client = self._factory()
                 self._clients[loop] = client
             return client
+
+    def pop(self) -> AsyncClient | None:
+        """Forgets the running loop's client and returns it (None when it has none), to close it."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            return self._clients.pop(loop, None)

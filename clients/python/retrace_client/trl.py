@@ -8,6 +8,11 @@ awaited on TRL's own daemon event loop (asyncio.run_coroutine_threadsafe), concu
 the other async reward functions; a plain one is called inline. TRL logs rewards under the
 function's __name__, and a None reward leaves that sample out of this function's sum.
 
+So a sample with no verdict (unreadable, or refused, timed out or unreachable at the server) gets
+None, never a made-up 0.0; only an empty completion gets a stand-in, `empty_reward`, as it does
+at /get_reward. TRL adds the reward functions' results with nansum: a sample that every function
+leaves out sums to 0.0 there, with TRL's warning "All reward functions returned None".
+
 Prompts and completions are plain strings, or, for conversational datasets, lists of
 {"role", "content"} messages (a completion is `[{"role": "assistant", "content": ...}]`).
 Each batch goes as one EvaluateStream burst, so a group of G samples is judged together.

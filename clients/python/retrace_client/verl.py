@@ -14,11 +14,21 @@ So every option below is a reward_kwargs key. The question comes from `extra_inf
 verl's preprocess scripts put it (examples/data_preprocess/gsm8k.py: extra_info["question"]);
 `question_key` names another key. `use_ground_truth=True` sends ground_truth as the reference
 answer (reference-based judging).
+
+A sample with no verdict (the server refused it, timed out or was unreachable): verl writes
+"score" straight into the reward tensor at the response's last token and has no value meaning
+"leave this sample out" (a NaN would spread through its group's advantages into the loss), so
+the failure is raised, as verl expects of a reward function that cannot score. `error_score`
+opts into a stand-in instead, and only with return_dict=True: the dict then says
+retrace_failed=1.0, and its verdict keys (first_error_index, step_count, trace_score) are NaN,
+so neither the reward nor the logged metrics pass it off as a verdict. An empty response is not
+a failure: it scores 0.0, as /get_reward's default empty_reward does.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Any, Mapping, Sequence
 
@@ -106,13 +116,16 @@ def _item(solution_str, ground_truth, extra_info, *, question_key, use_ground_tr
     return item
 
 
+# A failed sample's verdict keys: it has no verdict, so none is made up (-1 would read "holds").
+_NO_VERDICT = {"first_error_index": math.nan, "step_count": math.nan, "trace_score": math.nan}
+
+
 def _score(result, rule: str, return_dict: bool, error_score: float | None):
     if isinstance(result, RetraceError):
         if error_score is None:
             raise result
-        log.warning("retrace verl adapter: a sample failed and scores %s: %s", error_score, result)
-        score, extras = float(error_score), {"first_error_index": -1, "step_count": 0, "trace_score": 0.0}
-        failed = 1.0
+        log.warning("retrace verl adapter: a sample failed and scores error_score=%s: %s", error_score, result)
+        score, extras, failed = float(error_score), dict(_NO_VERDICT), 1.0
     elif result is None:  # an empty response: scored like /get_reward's empty_reward
         score, extras, failed = 0.0, {"first_error_index": -1, "step_count": 0, "trace_score": 0.0}, 0.0
     else:
@@ -139,6 +152,15 @@ def _warn_unknown(extra: Mapping[str, Any]) -> None:
     for k in sorted(set(extra) - _VERL_EXTRAS - _warned):
         _warned.add(k)
         log.warning("retrace verl adapter: ignoring unknown keyword argument %r", k)
+
+
+def _check_error_score(error_score: float | None, return_dict: bool) -> None:
+    # A bare float stand-in would be indistinguishable from a verdict's reward, in training and in logs.
+    if error_score is not None and not return_dict:
+        raise ValueError(
+            "retrace verl adapter: error_score needs return_dict=True, so that a stand-in score is "
+            "flagged (retrace_failed=1.0) rather than passed off as a verdict's reward"
+        )
 
 
 def _options(reward, evaluator, threshold, use_ground_truth, question_key):
@@ -169,10 +191,12 @@ def compute_score(
 ) -> float | dict:
     """One sample's reward (a float, or with return_dict=True a dict with "score" and extras).
 
-    A failed call raises its RetraceError unless `error_score` is set, which it then returns.
-    Keywords verl adds (reward_router_address, reward_model_tokenizer) are ignored; any other
-    unknown one is ignored with a warning."""
+    A failed call raises its RetraceError unless `error_score` is set (with return_dict=True):
+    the dict then carries that score, retrace_failed=1.0 and NaN verdict keys. Keywords verl
+    adds (reward_router_address, reward_model_tokenizer) are ignored; any other unknown one is
+    ignored with a warning."""
     _warn_unknown(_ignored)
+    _check_error_score(error_score, return_dict)
     opts = _options(reward, evaluator, threshold, use_ground_truth, question_key)
     item = _item(solution_str, ground_truth, extra_info, **opts)
     if not item["text"].strip():
@@ -208,6 +232,7 @@ async def compute_score_async(
 ) -> float | dict:
     """compute_score as a coroutine, for verl's reward loop (awaited on its event loop)."""
     _warn_unknown(_ignored)
+    _check_error_score(error_score, return_dict)
     opts = _options(reward, evaluator, threshold, use_ground_truth, question_key)
     item = _item(solution_str, ground_truth, extra_info, **opts)
     if not item["text"].strip():
@@ -244,6 +269,7 @@ def compute_score_batch(
 ) -> list[float | dict]:
     """For verl's batch reward manager: the whole batch over one stream, scores in order."""
     _warn_unknown(_ignored)
+    _check_error_score(error_score, return_dict)
     opts = _options(reward, evaluator, threshold, use_ground_truth, question_key)
     n = len(solution_strs)
     extra_infos = [None] * n if extra_infos is None else list(extra_infos)

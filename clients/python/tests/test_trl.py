@@ -20,9 +20,10 @@ import threading
 
 import pytest
 
-from fake_judge import expected
+from fake_judge import SLOW_S, expected
 from helpers import JUDGE_CASES, QUESTION, SAME_SCORE
 from retrace_client import Client
+from retrace_client.testing import free_port
 from retrace_client.trl import reward_function
 
 G = 8
@@ -120,6 +121,31 @@ def test_failed_samples_give_none_not_an_exception(server, trl_loop, caplog):
 
     everything_fails = reward_function(server.address, evaluator="no-such-evaluator")
     assert call_like_trl(trl_loop, everything_fails, [QUESTION] * 3, group_texts(3)) == [None] * 3
+
+
+def test_samples_the_server_cannot_judge_give_none(server, trl_loop):
+    # Too large for the model's context, and past the batch's deadline: each gets None, never 0.0,
+    # while the batch's other samples keep their verdicts' rewards.
+    fn = reward_function(server.address)
+    got = call_like_trl(trl_loop, fn, [QUESTION] * 3, [group_texts(1)[0], "word " * 2000, ""])
+    assert got[0] is not None and 0.0 < got[0] <= 1.0
+    assert got[1] is None and got[2] == 0.0
+    slow = reward_function(server.address, evaluator="judge", timeout=SLOW_S / 3, retries=0)
+    got = call_like_trl(trl_loop, slow, [QUESTION] * 2, ["3*4 = 12.\n\n2+12 = 14.", "3*4 = 12.\n\nSLOW 2+12 = 14."])
+    assert got == [1.0, None]
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_an_unreachable_server_gives_none_and_only_empties_get_empty_reward(trl_loop, asynchronous):
+    dead = f"127.0.0.1:{free_port()}"
+    completions = group_texts(2) + [""]
+    for empty_reward, want_empty in ((0.0, 0.0), (None, None)):
+        fn = reward_function(dead, retries=0, timeout=5, empty_reward=empty_reward, asynchronous=asynchronous)
+        if asynchronous:
+            got = call_like_trl(trl_loop, fn, [QUESTION] * 3, completions)
+        else:
+            got = fn(prompts=[QUESTION] * 3, completions=completions, completion_ids=None, trainer_state=None)
+        assert got == [None, None, want_empty]
 
 
 def test_reference_key_sends_the_gold_answer(server, trl_loop, fake_judge):

@@ -25,6 +25,7 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
+import math
 from functools import partial
 
 import numpy as np
@@ -32,8 +33,9 @@ import pytest
 
 from fake_judge import expected
 from helpers import JUDGE_CASES, SAME_SCORE
-from retrace_client import Client, InvalidArgument
+from retrace_client import Client, InvalidArgument, Unavailable
 from retrace_client import verl as adapter
+from retrace_client.testing import free_port
 
 QUESTION = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
 SOLUTION = "In May she sold 48 / 2 = 24 clips.\n\nAltogether she sold 48 + 24 = 72 clips.\n\n#### 72"
@@ -160,6 +162,41 @@ def test_errors_raise_unless_an_error_score_is_set(server):
     lenient = load_like_verl("compute_score", {**bad, "error_score": -1.0, "return_dict": True})
     got = lenient(data_source="d", solution_str=SOLUTION, ground_truth="72", extra_info=gsm8k_extra_info(0))
     assert got["score"] == -1.0 and got["retrace_failed"] == 1.0
+    # No verdict is made up for it: -1 would read "the trace holds", 0.0 a real trace score.
+    assert all(math.isnan(got[k]) for k in ("first_error_index", "step_count", "trace_score"))
+
+
+@pytest.mark.parametrize("name", ["compute_score", "compute_score_async", "compute_score_batch"])
+def test_an_error_score_must_be_flagged(server, name):
+    # A bare float stand-in would pass for a verdict's reward, so error_score needs return_dict.
+    fn = load_like_verl(name, {"address": server.address, "error_score": 0.0})
+    with pytest.raises(ValueError, match="error_score needs return_dict=True"):
+        if name == "compute_score_batch":
+            fn(data_sources=["d"], solution_strs=[SOLUTION], ground_truths=["72"], extra_infos=[gsm8k_extra_info(0)])
+        else:
+            result = fn(data_source="d", solution_str=SOLUTION, ground_truth="72", extra_info=gsm8k_extra_info(0))
+            if inspect.iscoroutine(result):
+                asyncio.run(result)
+
+
+def test_a_failed_sample_in_a_batch(server):
+    solutions = [SOLUTION, "word " * 2000, ""]  # judged, too large for the model's context, empty
+    args = dict(data_sources=["d"] * 3, solution_strs=solutions, ground_truths=["72"] * 3,
+                extra_infos=[gsm8k_extra_info(i) for i in range(3)])
+    with pytest.raises(InvalidArgument, match="context"):
+        load_like_verl("compute_score_batch", {"address": server.address})(**args)
+    fn = load_like_verl("compute_score_batch", {"address": server.address, "error_score": 0.0, "return_dict": True})
+    ok, failed, empty = fn(**args)
+    assert ok.keys() == failed.keys() == empty.keys()
+    assert ok["retrace_failed"] == 0.0 and ok["step_count"] == 3 and 0.0 < ok["score"] <= 1.0
+    assert failed["retrace_failed"] == 1.0 and failed["score"] == 0.0 and math.isnan(failed["trace_score"])
+    assert empty["retrace_failed"] == 0.0 and empty["score"] == 0.0 and empty["step_count"] == 0
+
+
+def test_an_unreachable_server_raises_in_the_reward_loop():
+    fn = load_like_verl("compute_score_async", {"address": f"127.0.0.1:{free_port()}", "retries": 0, "timeout": 5})
+    with pytest.raises(Unavailable):
+        asyncio.run(fn(data_source="d", solution_str=SOLUTION, ground_truth="72", extra_info=gsm8k_extra_info(0)))
 
 
 def test_a_misspelt_reward_kwarg_is_warned_about(server, caplog):

@@ -1,0 +1,202 @@
+"""AReaL adapter: a process-reward scorer backed by retrace, with step scores placed on tokens.
+
+AReaL (docs/en/algorithms/prm.md, areal/reward/prm/runner.py) scores each generated turn with a
+scorer's `async evaluate(interaction, ctx)`: a scalar is broadcast over the turn's output
+tokens, a dense tensor of shape [interaction.model_response.output_len] keeps its positions, and
+None or an exception rejects the trajectory (its whole group); an intentional zero must be 0.0.
+AReaL loads only subclasses of its BaseScorer, which imports torch. This module imports neither:
+RetraceScorer returns a float or a list of floats, and a few-line BaseScorer subclass wraps the
+list in a tensor (clients/python/README.md, "AReaL").
+
+A turn is read as trl.py reads a conversational sample: the question is the last user message of
+`interaction.messages`, and the turn's text goes whole to the server, which segments it into
+steps. The text is the turn's output tokens as the tokenizer decodes them when it can decode,
+else the content of the turn's assistant messages. Dense mode (the default) puts each step's
+score on the token that holds the step's last character and 0.0 on every other token: the
+server's step spans are byte offsets into the text, turned into characters here, then into token
+positions through the tokenizer's offset mapping. `scalar=True` returns the trace's reward under
+`reward` ("trace_score" by default) instead.
+
+A turn with no verdict (the server refused it, ran out of time or could not be reached; a prompt
+with no user message; a step that lands on no token of the turn) gives None, so AReaL rejects the
+trajectory instead of training on a stand-in 0.0. An empty completion gets `empty_reward` (0.0,
+None to reject it), as in trl.py and /get_reward.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any, Sequence
+
+from . import _chat
+from ._per_loop import PerLoop
+from .aio import AsyncClient
+from .errors import RetraceError
+from .models import Verdict
+from .rewards import check_rule, reward as apply_rule
+
+log = logging.getLogger("retrace_client.areal")
+
+
+def token_offsets(tokenizer: Any, text: str) -> list[tuple[int, int]]:
+    """Each token's (start, end) character span in `text`. A plain function is called as
+    `tokenizer(text)` and returns the spans; a tokenizer object (a Hugging Face one) is called as
+    `tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)` and its
+    "offset_mapping" read."""
+    if inspect.isroutine(tokenizer) or isinstance(tokenizer, functools.partial):
+        spans = tokenizer(text)
+    else:
+        spans = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+    return [(int(start), int(end)) for start, end in spans]
+
+
+def _char_of_byte(text: str) -> list[int]:
+    """table[b]: the index of the character holding byte b of text's UTF-8 form; table[-1] = len(text)."""
+    table: list[int] = []
+    for i, ch in enumerate(text):
+        table.extend([i] * len(ch.encode("utf-8")))
+    table.append(len(text))
+    return table
+
+
+def _token_of_char(spans: Sequence[tuple[int, int]], n_chars: int) -> list[int]:
+    """owner[c]: the token whose span holds character c, the later one where spans overlap (a
+    character split over byte-level tokens); for a character no span holds, the token before it;
+    -1 before the first token."""
+    owner = [-1] * n_chars
+    for t, (start, end) in enumerate(spans):
+        for c in range(max(start, 0), min(end, n_chars)):
+            owner[c] = t
+    for c in range(1, n_chars):
+        if owner[c] < 0:
+            owner[c] = owner[c - 1]
+    return owner
+
+
+def step_rewards(verdict: Verdict, text: str, spans: Sequence[tuple[int, int]], length: int) -> list[float] | None:
+    """`length` rewards: each step's score at the token holding its last character (the lower
+    score where two steps end on one token), 0.0 elsewhere. `text` is the text the server judged,
+    `spans` the tokens' character spans in it (or in a text it begins). None when a step ends
+    on no token below `length`."""
+    char_of = _char_of_byte(text)
+    owner = _token_of_char(spans, len(text))
+    out = [0.0] * length
+    placed: set[int] = set()
+    for step in verdict.steps:
+        last = char_of[step.end] - 1 if 0 < step.end < len(char_of) else -1
+        t = owner[last] if last >= 0 else -1
+        if not 0 <= t < length:
+            return None
+        out[t] = min(out[t], step.score) if t in placed else float(step.score)
+        placed.add(t)
+    return out
+
+
+class RetraceScorer:
+    """Scores AReaL turns with retrace; safe to share between concurrent sessions and loops.
+
+    address: the server (or a list, balanced). tokenizer: what maps the turn's text to token
+        positions (see token_offsets), needed in dense mode; with a `decode` method it also
+        turns the output tokens into the text.
+    scalar: True returns one reward per turn (AReaL broadcasts it) instead of dense rewards.
+    reward: the scalar's rule ("trace_score", "correct", "prefix"; see retrace_client.rewards).
+    empty_reward: the reward of an empty completion (None rejects the trajectory).
+    timeout, retries: per turn, as AReaL asks of a scorer's external calls.
+    """
+
+    name = "retrace"
+
+    def __init__(
+        self,
+        address: str | Sequence[str] | None = None,
+        evaluator: str = "",
+        *,
+        tokenizer: Any = None,
+        scalar: bool = False,
+        reward: str = "trace_score",
+        threshold: float | None = None,
+        empty_reward: float | None = 0.0,
+        token: str | None = None,
+        tls: bool = False,
+        root_certificates: str | bytes | None = None,
+        timeout: float | None = 60.0,
+        retries: int = 3,
+    ):
+        check_rule(reward)
+        if not scalar and tokenizer is None:
+            raise ValueError("dense rewards need a tokenizer to place step ends on tokens: pass tokenizer=, or scalar=True")
+        self.evaluator, self.threshold, self.tokenizer = evaluator, threshold, tokenizer
+        self.scalar, self.reward, self.empty_reward = scalar, reward, empty_reward
+        kwargs = dict(addresses=address, token=token, tls=tls, root_certificates=root_certificates)
+        kwargs.update(timeout=timeout, retries=retries)
+        self._clients = PerLoop(lambda: AsyncClient(**kwargs))
+
+    async def evaluate(self, interaction: Any, ctx: Any = None) -> float | list[float] | None:
+        """AReaL's scorer call: the turn's reward, or None when it has no verdict."""
+        text = self.turn_text(interaction)
+        if text is None:
+            log.warning("retrace scorer: the turn has no output text; it gets None (its trajectory is rejected)")
+            return None
+        response = getattr(interaction, "model_response", None)
+        prompt = getattr(interaction, "messages", None) or getattr(interaction, "input_data", "")
+        return await self.score(prompt, text, getattr(response, "output_len", None))
+
+    def turn_text(self, interaction: Any) -> str | None:
+        """The turn's output tokens decoded (given a tokenizer with `decode`), else its assistant content."""
+        tokens = getattr(getattr(interaction, "model_response", None), "output_tokens", None)
+        decode = getattr(self.tokenizer, "decode", None)
+        if decode is not None and tokens is not None:
+            return decode(list(tokens))
+        try:
+            return _chat.assistant_text(getattr(interaction, "output_message_list", None) or [])
+        except ValueError:
+            return None
+
+    async def score(self, prompt: Any, completion: str, output_len: int | None = None) -> float | list[float] | None:
+        """The reward of `completion` (a turn's text) to `prompt` (a string or chat messages):
+        dense, `output_len` floats (default: as many as the tokenizer gives), or a scalar."""
+        try:
+            question = _chat.question_of(prompt)
+        except ValueError as e:
+            log.warning("retrace scorer: the turn is unreadable (%s); it gets None (its trajectory is rejected)", e)
+            return None
+        text = _chat.strip_end_markers(completion)
+        if not text.strip():
+            return None if self.empty_reward is None else float(self.empty_reward)
+        verdict = await self._verdict(question, text)
+        if verdict is None:
+            return None
+        if self.scalar:
+            return apply_rule(verdict, self.reward)
+        return self._dense(verdict, completion, text, output_len)
+
+    async def _verdict(self, question: str, text: str) -> Verdict | None:
+        client = self._clients.get()
+        try:
+            return await client.evaluate(question, text=text, evaluator=self.evaluator, threshold=self.threshold)
+        except RetraceError as e:
+            log.warning("retrace scorer: the turn got no verdict; it gets None (its trajectory is rejected): %s", e)
+            return None
+
+    def _dense(self, verdict: Verdict, completion: str, text: str, output_len: int | None) -> list[float] | None:
+        if not verdict.steps:
+            raise ValueError(f"evaluator {verdict.evaluator!r} gives no step scores; use scalar=True")
+        spans = token_offsets(self.tokenizer, completion)
+        length = len(spans) if output_len is None else output_len
+        out = step_rewards(verdict, text, spans, length) if len(spans) <= length else None
+        if out is None:
+            log.warning(
+                "retrace scorer: the tokenizer gives %d tokens for the turn's text and the turn has %d, "
+                "so its steps can't be placed; it gets None (its trajectory is rejected)",
+                len(spans),
+                length,
+            )
+        return out
+
+    async def aclose(self) -> None:
+        """Closes the running loop's client (AReaL's scorer cleanup hook)."""
+        client = self._clients.pop()
+        if client is not None:
+            await client.close()
