@@ -348,12 +348,28 @@ pub async fn spawn_retrace(
     spawn_retrace_on(free_port(), args, envs).await
 }
 
-/// `spawn_retrace` with gRPC on 127.0.0.1:`grpc`.
+/// `spawn_retrace` with gRPC on 127.0.0.1:`grpc`. A port found free may be taken by another
+/// test's server before this one binds it, so a server that exits before it serves is started
+/// again on fresh ports (its stderr, above, says why), up to three times.
 pub async fn spawn_retrace_on(
     grpc: u16,
     args: &[&std::ffi::OsStr],
     envs: &[(&str, &str)],
 ) -> (ChildGuard, Channel, SocketAddr) {
+    for _ in 0..3 {
+        if let Some(up) = try_spawn_retrace_on(grpc, args, envs).await {
+            return up;
+        }
+    }
+    panic!("retrace exited early three times");
+}
+
+/// One start of `spawn_retrace_on`; `None` when the server exits before it accepts gRPC.
+async fn try_spawn_retrace_on(
+    grpc: u16,
+    args: &[&std::ffi::OsStr],
+    envs: &[(&str, &str)],
+) -> Option<(ChildGuard, Channel, SocketAddr)> {
     let metrics = free_port();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
         .arg("serve")
@@ -372,10 +388,9 @@ pub async fn spawn_retrace_on(
         if let Ok(c) = Channel::from_shared(url.clone()).unwrap().connect().await {
             break c;
         }
-        assert!(
-            server.0.try_wait().unwrap().is_none(),
-            "retrace exited early"
-        );
+        if server.0.try_wait().unwrap().is_some() {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
@@ -389,11 +404,11 @@ pub async fn spawn_retrace_on(
         assert!(i < 1200, "retrace never became SERVING");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    (
+    Some((
         server,
         channel,
         format!("127.0.0.1:{metrics}").parse().unwrap(),
-    )
+    ))
 }
 
 /// A ProcessBench split's JSON file: the committed subset under tests/fixtures/processbench (32
