@@ -111,16 +111,6 @@ pub enum Limit {
     Tokens,
 }
 
-impl Limit {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Limit::Bytes => "bytes",
-            Limit::Steps => "steps",
-            Limit::Tokens => "tokens",
-        }
-    }
-}
-
 impl EngineError {
     pub fn too_large(field: FieldPath, limit: Limit, message: impl Into<String>) -> Self {
         EngineError::TooLarge {

@@ -15,7 +15,7 @@ use super::{Failure, Http, QueryParams, answer_as, chat, params, refuse};
 use crate::api::convert::TraceParts;
 use crate::api::{convert, label};
 use crate::config::{LabelsAs, RewardConfig, RewardRule};
-use crate::engine::{Engine, EngineError, Limit, Origin, Request};
+use crate::engine::{Engine, EngineError, Origin, Request};
 use crate::field::FieldPath;
 use crate::trace::{Trace, Verdict};
 use axum::body::Bytes;
@@ -104,8 +104,8 @@ pub(super) enum SampleStatus {
     Ok,
     /// The response holds no step.
     Empty,
-    /// Over a size limit of the evaluator's (bytes, steps or tokens).
-    TooLarge(Limit),
+    /// Over a size limit of the evaluator's (bytes, steps or tokens; the detail says which).
+    TooLarge,
     /// Its deadline passed first.
     TimedOut,
     /// The evaluator (or its upstream) could not answer.
@@ -118,7 +118,7 @@ impl SampleStatus {
         match self {
             SampleStatus::Ok => "ok",
             SampleStatus::Empty => "empty",
-            SampleStatus::TooLarge(_) => "too_large",
+            SampleStatus::TooLarge => "too_large",
             SampleStatus::TimedOut => "timed_out",
             SampleStatus::Unavailable => "unavailable",
         }
@@ -360,9 +360,7 @@ fn settle(
     };
     let (status, on) = match &e {
         EngineError::DeadlineExceeded(_) => (SampleStatus::TimedOut, reward.on_timeout),
-        EngineError::TooLarge { limit, .. } => {
-            (SampleStatus::TooLarge(*limit), reward.on_too_large)
-        }
+        EngineError::TooLarge { .. } => (SampleStatus::TooLarge, reward.on_too_large),
         EngineError::Unavailable(_) => (SampleStatus::Unavailable, reward.on_unavailable),
         _ => return Err(e),
     };
@@ -429,7 +427,7 @@ mod tests {
         let all = [
             SampleStatus::Ok,
             SampleStatus::Empty,
-            SampleStatus::TooLarge(Limit::Bytes),
+            SampleStatus::TooLarge,
             SampleStatus::TimedOut,
             SampleStatus::Unavailable,
         ];
