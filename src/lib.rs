@@ -53,6 +53,7 @@ pub mod field;
 pub mod health;
 pub mod judge;
 pub mod metrics;
+mod priority;
 pub mod prm;
 pub mod rule;
 pub mod segment;
@@ -163,6 +164,7 @@ pub async fn serve(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    priority::lower_compute_pool();
     let handle = metrics::install();
     let engine = new_engine(&config);
     let stop = Stop::new();

@@ -17,6 +17,7 @@ pub const STAGE_DURATION: &str = "retrace_stage_duration_seconds";
 pub const IN_FLIGHT: &str = "retrace_in_flight_requests";
 pub const MAX_IN_FLIGHT: &str = "retrace_max_in_flight";
 pub const QUEUE_DEPTH: &str = "retrace_queue_depth";
+pub const PACE: &str = "retrace_evaluator_pace_bytes_per_second";
 pub const EVALUATOR_READY: &str = "retrace_evaluator_ready";
 pub const STEPS_SCORED: &str = "retrace_steps_scored_total";
 pub const BATCH_SIZE: &str = "retrace_batch_size";
@@ -160,6 +161,11 @@ const HELP: &[(Kind, &str, &str)] = &[
         Kind::Gauge,
         QUEUE_DEPTH,
         "Requests admitted and waiting for their evaluator, by evaluator.",
+    ),
+    (
+        Kind::Gauge,
+        PACE,
+        "Trace bytes the evaluator answers per busy second, as admission measures it to refuse work that would miss its deadline.",
     ),
     (
         Kind::Gauge,
@@ -321,7 +327,7 @@ const HELP: &[(Kind, &str, &str)] = &[
     (
         Kind::Counter,
         DROPPED,
-        "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline).",
+        "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline, would_miss_deadline: refused at admission).",
     ),
     (
         Kind::Counter,
@@ -393,6 +399,10 @@ pub fn set_max_in_flight(max: usize) {
 
 pub fn queue_depth(evaluator: &str, delta: f64) {
     gauge!(QUEUE_DEPTH, "evaluator" => evaluator.to_string()).increment(delta);
+}
+
+pub fn set_pace(evaluator: &str, bytes_per_second: f64) {
+    gauge!(PACE, "evaluator" => evaluator.to_string()).set(bytes_per_second);
 }
 
 pub fn set_ready(evaluator: &str, ready: bool) {

@@ -2,6 +2,7 @@
 //! queues and dispatches requests to evaluators.
 
 mod origin;
+mod pace;
 mod registry;
 
 pub use origin::Origin;

@@ -1,6 +1,7 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
 use super::origin::Origin;
+use super::pace::{Pace, Ticket, TooSlow};
 use super::{DEFAULT_THRESHOLD, Description, EngineError, Evaluator, Job, Limit};
 use crate::field::FieldPath;
 use crate::metrics;
@@ -92,6 +93,8 @@ struct Slot {
     /// Requests handed to the evaluator at once; waiters are the evaluator's queue.
     gate: Arc<Semaphore>,
     evaluator: OnceLock<Arc<dyn Evaluator>>,
+    /// Its pending work and measured pace, for refusing what would miss its deadline.
+    pace: Pace,
 }
 
 /// Decrements a gauge when dropped, so every exit path (error, cancel) restores it.
@@ -125,6 +128,7 @@ impl Engine {
                     max_trace_bytes: spec.max_trace_bytes,
                     gate: Arc::new(Semaphore::new(spec.max_concurrency)),
                     evaluator: OnceLock::new(),
+                    pace: Pace::default(),
                     spec,
                 });
                 (slot.name.clone(), slot)
@@ -219,7 +223,10 @@ impl Engine {
         slot.check_limits(&request.trace)
             .map_err(|e| origin.locate(e))?;
         let _permit = self.admit(1, &origin.at)?;
-        slot.run(request).await.map_err(|e| origin.locate(e))
+        let ticket = slot.paced_one(request.trace.byte_len(), request.deadline)?;
+        slot.run(request, ticket)
+            .await
+            .map_err(|e| origin.locate(e))
     }
 
     /// Admits and judges every request together (all or none are admitted); results keep order.
@@ -263,11 +270,16 @@ impl Engine {
             true => None,
             false => Some(self.admit(admitted.len(), list)?),
         };
+        let sizes: Vec<usize> = admitted.iter().map(|r| r.trace.byte_len()).collect();
+        let tickets = slot.paced(&sizes, admitted.iter().filter_map(|r| r.deadline).min())?;
         let settle = &settle;
-        let runs = admitted.into_iter().map(|r| async move {
-            let origin = r.origin.clone();
-            settle(slot.run(r).await.map_err(|e| origin.locate(e)))
-        });
+        let runs = admitted
+            .into_iter()
+            .zip(tickets)
+            .map(|(r, ticket)| async move {
+                let origin = r.origin.clone();
+                settle(slot.run(r, ticket).await.map_err(|e| origin.locate(e)))
+            });
         let mut ran = futures::future::try_join_all(runs).await?.into_iter();
         settled
             .into_iter()
@@ -361,9 +373,53 @@ impl Slot {
         Ok(())
     }
 
+    /// Admits traces of `sizes` bytes, all or none, unless they would not finish before
+    /// `deadline` behind what is pending at the evaluator's measured pace: refused at once, not
+    /// admitted to fail. Each ticket counts its trace as pending until it is answered.
+    fn paced(
+        &self,
+        sizes: &[usize],
+        deadline: Option<Instant>,
+    ) -> Result<Vec<Ticket<'_>>, EngineError> {
+        let sizes: Vec<u64> = sizes.iter().map(|&b| b as u64).collect();
+        self.pace
+            .admit(&sizes, deadline, Instant::now())
+            .map_err(|t| self.too_slow(t, sizes.iter().sum()))
+    }
+
+    /// `paced` for one trace.
+    fn paced_one(
+        &self,
+        bytes: usize,
+        deadline: Option<Instant>,
+    ) -> Result<Ticket<'_>, EngineError> {
+        self.pace
+            .admit_one(bytes as u64, deadline, Instant::now())
+            .map_err(|t| self.too_slow(t, bytes as u64))
+    }
+
+    /// The refusal of `bytes` of work that would miss its deadline, counted as a drop.
+    fn too_slow(&self, t: TooSlow, bytes: u64) -> EngineError {
+        metrics::record_dropped(&self.name, "would_miss_deadline");
+        EngineError::Overloaded(format!(
+            "evaluator {:?} would not finish this before its deadline: {:.2} s of work at its \
+             measured pace ({} bytes ahead of this request's {bytes}, {:.0} bytes/s), {:.2} s left",
+            self.name,
+            t.estimate.as_secs_f64(),
+            t.ahead,
+            t.rate,
+            t.left.as_secs_f64()
+        ))
+    }
+
     /// Through the gate, then the evaluator, within the job's deadline: the path of every
-    /// caller, a cascade's included. Returns the judgement and the time spent at the gate.
-    async fn judge(&self, job: Job) -> Result<(Judgement, Duration), EngineError> {
+    /// caller, a cascade's included; `ticket` counts the job as pending work until it ends.
+    /// Returns the judgement and the time spent at the gate.
+    async fn judge(
+        &self,
+        job: Job,
+        mut ticket: Ticket<'_>,
+    ) -> Result<(Judgement, Duration), EngineError> {
         let evaluator = self.evaluator.get().ok_or_else(|| {
             EngineError::Unavailable(format!("evaluator {:?} is still loading", self.name))
         })?;
@@ -392,6 +448,7 @@ impl Slot {
             };
             permit.map_err(|_| EngineError::Unavailable("the evaluator is shutting down".into()))?
         };
+        ticket.serving();
         let queue = queue_started.elapsed();
         let steps = job.trace.steps.len();
         let judgement = match job.deadline {
@@ -405,6 +462,9 @@ impl Slot {
                 })??,
             None => evaluator.evaluate(job).await?,
         };
+        if let Some(rate) = ticket.done() {
+            metrics::set_pace(&self.name, rate);
+        }
         // An outcome model alone scores the trace, not its steps: none is a whole answer.
         let outcome_only = judgement.step_scores.is_empty() && judgement.outcome.is_some();
         if judgement.step_scores.len() != steps && !outcome_only {
@@ -417,14 +477,14 @@ impl Slot {
         Ok((judgement, queue))
     }
 
-    async fn run(&self, request: Request) -> Result<Verdict, EngineError> {
+    async fn run(&self, request: Request, ticket: Ticket<'_>) -> Result<Verdict, EngineError> {
         let threshold = request.threshold.unwrap_or_else(|| self.threshold());
         let job = Job {
             trace: request.trace.clone(),
             threshold,
             deadline: request.deadline,
         };
-        let (judgement, queue) = self.judge(job).await?;
+        let (judgement, queue) = self.judge(job, ticket).await?;
         metrics::record_steps(&self.name, request.trace.steps.len());
         metrics::record_stage(&self.name, metrics::Stage::Queue, queue + judgement.queued);
         Ok(Verdict {
@@ -470,7 +530,11 @@ impl Evaluator for Gated {
 
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
-            let (mut judgement, queue) = self.0.judge(job).await?;
+            let ticket = self
+                .0
+                .pace
+                .start(job.trace.byte_len() as u64, Instant::now());
+            let (mut judgement, queue) = self.0.judge(job, ticket).await?;
             judgement.queued += queue;
             Ok(judgement)
         })

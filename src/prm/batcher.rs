@@ -208,6 +208,7 @@ impl Batcher {
         std::thread::Builder::new()
             .name(format!("prm-{name}"))
             .spawn(move || {
+                crate::priority::lower_this_thread();
                 let life = Life {
                     guard: &guard,
                     death: &thread_death,

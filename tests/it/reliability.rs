@@ -9,6 +9,7 @@
 
 use crate::common;
 
+use common::load::{self, Outcome, Tally, Workload, ms_quantile, quantiles};
 use common::*;
 use retrace::api::pb;
 use std::sync::Arc;
@@ -23,8 +24,6 @@ use tonic::transport::Channel;
 const MAX_IN_FLIGHT: usize = 4;
 /// Each request's gRPC deadline.
 const DEADLINE: Duration = Duration::from_secs(2);
-/// Past the deadline, how long the client waits before calling a request unanswered.
-const UNANSWERED: Duration = Duration::from_secs(3);
 const GRACE_S: u64 = 10;
 
 /// Both tests load the same machine; run them one at a time so each one's figures are its own.
@@ -47,128 +46,17 @@ fn trace_request(i: usize) -> pb::EvaluateRequest {
     request(&format!("r{i}"), "", steps_trace("What is 2+3*4?", &steps))
 }
 
-/// How one request ended, and after how long.
-struct Outcome {
-    code: Option<Code>,
-    latency: Duration,
-    started: Instant,
-}
-
-/// Sends request `i` with the deadline; `code` is None when nothing came back in time.
+/// Request `i` with the test's deadline; `code` is None when nothing came back in time.
 async fn send(channel: Channel, i: usize) -> Outcome {
-    let mut client = pb::evaluator_client::EvaluatorClient::new(channel);
-    let mut req = tonic::Request::new(trace_request(i));
-    req.set_timeout(DEADLINE);
-    let started = Instant::now();
-    let code = tokio::time::timeout(DEADLINE + UNANSWERED, client.evaluate(req))
-        .await
-        .ok()
-        .map(|r| r.map_or_else(|s| code_seen(&s), |_| Code::Ok));
-    Outcome {
-        code,
-        latency: started.elapsed(),
-        started,
-    }
+    load::send(channel, trace_request(i), DEADLINE).await
 }
 
-/// The status's code, with tonic's own client timer counted as the deadline it is: the server
-/// answers a little before the deadline, and when that answer is a few ms late on a loaded
-/// machine the client's timer fires first (CANCELLED, "Timeout expired"), which for the caller
-/// is a request past its deadline.
-fn code_seen(status: &tonic::Status) -> Code {
-    match (status.code(), status.message()) {
-        (Code::Cancelled, "Timeout expired") => Code::DeadlineExceeded,
-        (code, _) => code,
-    }
-}
-
-/// The `p` quantile (nearest rank) of `xs`, in ms.
-fn ms_quantile(xs: &[Duration], p: f64) -> f64 {
-    let mut v: Vec<Duration> = xs.to_vec();
-    v.sort();
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v[rank - 1].as_secs_f64() * 1e3
-}
-
-fn quantiles(xs: &[Duration]) -> String {
-    format!(
-        "{:.1} / {:.1} / {:.1}",
-        ms_quantile(xs, 0.5),
-        ms_quantile(xs, 0.99),
-        ms_quantile(xs, 1.0)
-    )
+fn workload() -> Workload {
+    Arc::new(trace_request)
 }
 
 fn mib(kib: u64) -> String {
     format!("{:.0}", kib as f64 / 1024.0)
-}
-
-/// Counts of outcomes by code, as the client saw them.
-#[derive(Default)]
-struct Tally {
-    ok: usize,
-    exhausted: usize,
-    deadline: usize,
-    other: Vec<Code>,
-    unanswered: usize,
-    /// Latencies of admitted requests (every answer but RESOURCE_EXHAUSTED).
-    admitted: Vec<Duration>,
-    refused: Vec<Duration>,
-}
-
-impl Tally {
-    fn add(&mut self, o: &Outcome) {
-        match o.code {
-            None => self.unanswered += 1,
-            Some(Code::ResourceExhausted) => {
-                self.exhausted += 1;
-                self.refused.push(o.latency);
-            }
-            Some(code) => {
-                match code {
-                    Code::Ok => self.ok += 1,
-                    Code::DeadlineExceeded => self.deadline += 1,
-                    other => self.other.push(other),
-                }
-                self.admitted.push(o.latency);
-            }
-        }
-    }
-
-    fn total(&self) -> usize {
-        self.ok + self.exhausted + self.deadline + self.other.len() + self.unanswered
-    }
-}
-
-/// Closed loop: `workers` callers, each sending its next request when the last is answered, for
-/// `secs`; the requests that came back OK per second is the rate the server sustains.
-async fn closed_loop(channel: &Channel, workers: usize, secs: f64, tally: &mut Tally) -> f64 {
-    let end = Instant::now() + Duration::from_secs_f64(secs);
-    let mut set = JoinSet::new();
-    for w in 0..workers {
-        let channel = channel.clone();
-        set.spawn(async move {
-            let mut outcomes = Vec::new();
-            let mut i = w;
-            while Instant::now() < end {
-                outcomes.push(send(channel.clone(), i).await);
-                i += workers;
-            }
-            outcomes
-        });
-    }
-    let started = Instant::now();
-    let mut ok = 0;
-    while let Some(outcomes) = set.join_next().await {
-        for o in outcomes.unwrap() {
-            ok += usize::from(o.code == Some(Code::Ok));
-            tally.add(&o);
-        }
-    }
-    ok as f64 / started.elapsed().as_secs_f64()
 }
 
 /// Samples a process's RSS every 100 ms until told to stop; returns the highest.
@@ -218,10 +106,19 @@ async fn overload_at_twice_the_sustainable_rate() {
     let (mut server, channel, metrics_addr, _) = serve("overload").await;
     let pid = server.0.id();
     let mut before = Tally::default();
-    closed_loop(&channel, 1, 0.5, &mut before).await;
+    let make = workload();
+    load::closed_loop(&channel, 1, 0.5, DEADLINE, &make, &mut before).await;
     // A longer soak measures the rate longer too: a tenth of it, 3 s to 10 s.
     let measure_s = (load_s / 10.0).clamp(3.0, 10.0);
-    let rate = closed_loop(&channel, MAX_IN_FLIGHT, measure_s, &mut before).await;
+    let rate = load::closed_loop(
+        &channel,
+        MAX_IN_FLIGHT,
+        measure_s,
+        DEADLINE,
+        &make,
+        &mut before,
+    )
+    .await;
     assert!(rate > 1.0, "the server sustains {rate:.1} requests/s");
     assert_eq!(before.unanswered, 0, "every request is answered");
 
@@ -233,17 +130,8 @@ async fn overload_at_twice_the_sustainable_rate() {
     let rss_start = rss_kib(pid);
     let stop = Arc::new(AtomicBool::new(false));
     let peak = watch_rss(pid, stop.clone());
-    let t0 = Instant::now();
-    let mut set = JoinSet::new();
-    for i in 0..n {
-        tokio::time::sleep_until((t0 + Duration::from_secs_f64(i as f64 / offered)).into()).await;
-        set.spawn(send(channel.clone(), 1_000_000 + i));
-    }
-    let mut load = Tally::default();
-    while let Some(o) = set.join_next().await {
-        load.add(&o.unwrap());
-    }
-    let load_elapsed = t0.elapsed();
+    let (load, load_elapsed) =
+        load::open_loop(&channel, offered, load_s, DEADLINE, &make, 1_000_000).await;
     // The idle trim follows 2 s of quiet (src/alloc.rs).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss_end = rss_kib(pid);

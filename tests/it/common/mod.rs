@@ -6,6 +6,7 @@ pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
 pub mod http2;
 pub mod llama;
+pub mod load;
 pub mod upstream;
 pub mod vllm;
 pub mod wire;

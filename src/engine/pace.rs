@@ -1,0 +1,227 @@
+//! An evaluator's pace: the work admitted to it and not yet done, and how fast it clears work,
+//! so that a request which cannot finish before its deadline is refused at admission instead of
+//! admitted to fail.
+//!
+//! Work is counted in trace bytes. They stand in for tokens, to which they are proportional for
+//! one tokenizer and language, and they are known at admission without tokenizing on the async
+//! runtime; the pace is measured in the same unit, so the ratio cancels. A count of requests is
+//! not enough when traces differ in length tenfold.
+
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Busy time over which one sample of the pace is taken.
+const WINDOW: Duration = Duration::from_secs(1);
+/// The newest sample's weight in the pace.
+const ALPHA: f64 = 0.3;
+/// The estimate is stretched by this much before it is held against the time left: the pace is
+/// a mean, and a request's batch-mates and the cores' other work make some finish later.
+const MARGIN: f64 = 1.25;
+
+/// One evaluator's pending work and measured pace.
+#[derive(Debug, Default)]
+pub(super) struct Pace {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Bytes admitted and not yet finished.
+    pending: u64,
+    /// Of those, bytes handed to the evaluator (past its `max_concurrency` gate).
+    serving: u64,
+    /// Since when `pending` has been above zero.
+    busy_since: Option<Instant>,
+    /// The last answer, or the start of this busy spell: the evaluator has worked on what it
+    /// serves since then.
+    last_finish: Option<Instant>,
+    /// Busy time and bytes finished since the last sample.
+    busy: Duration,
+    done: u64,
+    /// Bytes cleared per busy second; unknown until the first window of work closes.
+    rate: Option<f64>,
+}
+
+/// Why a request would miss its deadline, for the refusal's message.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct TooSlow {
+    /// How long the work ahead and the request's own would take at the measured pace.
+    pub estimate: Duration,
+    /// The time left before the deadline.
+    pub left: Duration,
+    /// Bytes of work ahead of it.
+    pub ahead: u64,
+    /// The measured pace, bytes a second.
+    pub rate: f64,
+}
+
+impl Pace {
+    /// Admits work of `sizes` bytes at `now`, all or none, if it can finish by `deadline` at the
+    /// measured pace behind what is pending; each ticket counts its part as pending from here.
+    /// The check and the count are one step, so two admissions at once cannot both take the
+    /// same room.
+    pub(super) fn admit(
+        &self,
+        sizes: &[u64],
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<Vec<Ticket<'_>>, TooSlow> {
+        let mut s = self.lock();
+        s.check(sizes.iter().sum(), deadline, now)?;
+        Ok(sizes.iter().map(|&b| s.start(self, b, now)).collect())
+    }
+
+    /// `admit` for one trace.
+    pub(super) fn admit_one(
+        &self,
+        bytes: u64,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<Ticket<'_>, TooSlow> {
+        let mut s = self.lock();
+        s.check(bytes, deadline, now)?;
+        Ok(s.start(self, bytes, now))
+    }
+
+    /// Whether `bytes` of work admitted at `now` could finish by `deadline`; counts nothing.
+    #[cfg(test)]
+    fn admits(&self, bytes: u64, deadline: Option<Instant>, now: Instant) -> Result<(), TooSlow> {
+        self.lock().check(bytes, deadline, now)
+    }
+
+    /// Counts `bytes` as pending until the ticket is dropped, with no check: work an evaluator
+    /// already admitted hands on (a cascade's call to the evaluator it wraps).
+    pub(super) fn start(&self, bytes: u64, now: Instant) -> Ticket<'_> {
+        self.lock().start(self, bytes, now)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn serve(&self, bytes: u64) {
+        self.lock().serving += bytes;
+    }
+
+    fn finish(&self, bytes: u64, serving: bool, cleared: bool, now: Instant) -> Option<f64> {
+        let mut s = self.lock();
+        s.pending = s.pending.saturating_sub(bytes);
+        if serving {
+            s.serving = s.serving.saturating_sub(bytes);
+        }
+        s.last_finish = Some(now);
+        if cleared {
+            s.done += bytes;
+        }
+        let since = s.busy_since.unwrap_or(now);
+        let busy = s.busy + now.saturating_duration_since(since);
+        if s.pending == 0 {
+            s.busy = busy;
+            s.busy_since = None;
+        }
+        if busy < WINDOW || s.done == 0 {
+            return None;
+        }
+        let sample = s.done as f64 / busy.as_secs_f64();
+        let rate = s.rate.map_or(sample, |r| r + ALPHA * (sample - r));
+        s.rate = Some(rate);
+        s.busy = Duration::ZERO;
+        s.done = 0;
+        if s.pending > 0 {
+            s.busy_since = Some(now);
+        }
+        Some(rate)
+    }
+}
+
+impl State {
+    /// Whether `bytes` of work admitted at `now` can finish by `deadline`, at the measured pace,
+    /// behind what is pending. Always yes with no deadline, before the pace is known, or when
+    /// nothing is pending: an idle evaluator takes the request, which also keeps the pace
+    /// measured when it has drifted low.
+    fn check(&self, bytes: u64, deadline: Option<Instant>, now: Instant) -> Result<(), TooSlow> {
+        let (Some(deadline), Some(rate)) = (deadline, self.rate) else {
+            return Ok(());
+        };
+        if self.pending == 0 {
+            return Ok(());
+        }
+        let ahead = self.ahead(rate, now);
+        let estimate = Duration::from_secs_f64((ahead + bytes) as f64 / rate);
+        let left = deadline.saturating_duration_since(now);
+        match estimate.mul_f64(MARGIN) <= left {
+            true => Ok(()),
+            false => Err(TooSlow {
+                estimate,
+                left,
+                ahead,
+                rate,
+            }),
+        }
+    }
+
+    /// Counts `bytes` as pending; `Ticket::done` counts them as cleared (a failure or a drop
+    /// does not: the pace is what the evaluator answers).
+    fn start<'a>(&mut self, pace: &'a Pace, bytes: u64, now: Instant) -> Ticket<'a> {
+        if self.pending == 0 {
+            self.busy_since = Some(now);
+            self.last_finish = Some(now);
+        }
+        self.pending += bytes;
+        Ticket {
+            pace,
+            bytes,
+            serving: false,
+            ended: false,
+        }
+    }
+
+    /// The work ahead of a new request: what is pending, less what the evaluator has done since
+    /// its last answer on the work it serves (at the measured pace, and never more than that
+    /// work).
+    fn ahead(&self, rate: f64, now: Instant) -> u64 {
+        let since = self
+            .last_finish
+            .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        let progress = (rate * since.as_secs_f64()) as u64;
+        self.pending.saturating_sub(progress.min(self.serving))
+    }
+}
+
+/// Work counted as pending; dropping it ends the count.
+#[derive(Debug)]
+pub(super) struct Ticket<'a> {
+    pace: &'a Pace,
+    bytes: u64,
+    serving: bool,
+    ended: bool,
+}
+
+impl Ticket<'_> {
+    /// The evaluator has the work now (past its gate).
+    pub(super) fn serving(&mut self) {
+        self.serving = true;
+        self.pace.serve(self.bytes);
+    }
+
+    /// The work was answered; returns the pace when this closed a window.
+    pub(super) fn done(mut self) -> Option<f64> {
+        self.ended = true;
+        self.pace
+            .finish(self.bytes, self.serving, true, Instant::now())
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.pace
+                .finish(self.bytes, self.serving, false, Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "pace_tests.rs"]
+mod tests;

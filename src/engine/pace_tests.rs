@@ -1,0 +1,124 @@
+use super::*;
+use tokio::time::advance;
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// A pace measured at `rate` bytes a second: one window of that much work.
+async fn measured(rate: u64) -> Pace {
+    let pace = Pace::default();
+    let t = pace.start(rate, Instant::now());
+    advance(WINDOW).await;
+    assert_eq!(t.done(), Some(rate as f64));
+    pace
+}
+
+#[tokio::test(start_paused = true)]
+async fn before_a_window_of_work_closes_the_pace_is_unknown_and_all_is_admitted() {
+    let pace = Pace::default();
+    let t = pace.start(10_000, Instant::now());
+    let now = Instant::now();
+    assert_eq!(pace.admits(10_000, Some(now + secs(0.001)), now), Ok(()));
+    advance(secs(0.5)).await;
+    assert_eq!(t.done(), None, "half a window is no sample");
+    let _ahead = pace.start(10_000, Instant::now());
+    assert_eq!(pace.admits(10_000, Some(now + secs(0.001)), now), Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_that_cannot_finish_before_its_deadline_is_refused() {
+    let pace = measured(1000).await;
+    let _ahead = pace.start(1000, Instant::now());
+    let now = Instant::now();
+    // 1000 bytes ahead and 1000 of its own take 2 s at 1000 bytes/s, 2.5 s with the margin.
+    let refused = pace.admits(1000, Some(now + secs(2.4)), now).unwrap_err();
+    assert_eq!(refused.estimate, secs(2.0));
+    assert_eq!((refused.ahead, refused.rate), (1000, 1000.0));
+    assert_eq!(refused.left, secs(2.4));
+    assert_eq!(pace.admits(1000, Some(now + secs(2.5)), now), Ok(()));
+    // Shorter work fits where longer did not: bytes, not a count of requests.
+    assert_eq!(pace.admits(100, Some(now + secs(2.4)), now), Ok(()));
+    assert_eq!(
+        pace.admits(1000, None, now),
+        Ok(()),
+        "no deadline, no refusal"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_evaluator_takes_any_request() {
+    let pace = measured(1000).await;
+    let now = Instant::now();
+    // Its own 5 s of work would miss, but nothing is ahead: a pace that drifted low must still
+    // get requests to measure it again.
+    assert_eq!(pace.admits(5000, Some(now + secs(1.0)), now), Ok(()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_pace_counts_answered_work_over_busy_time_only() {
+    let pace = Pace::default();
+    let failed = pace.start(500, Instant::now());
+    let answered = pace.start(500, Instant::now());
+    advance(secs(0.5)).await;
+    drop(failed);
+    advance(secs(0.5)).await;
+    // 500 bytes answered in 1 s busy: the failed request's bytes are not cleared work.
+    assert_eq!(answered.done(), Some(500.0));
+    // Idle time between requests is not busy time: 1000 bytes in two busy half-seconds.
+    let pace = Pace::default();
+    let a = pace.start(500, Instant::now());
+    advance(secs(0.5)).await;
+    assert_eq!(a.done(), None);
+    advance(secs(10.0)).await;
+    let b = pace.start(500, Instant::now());
+    advance(secs(0.5)).await;
+    assert_eq!(b.done(), Some(1000.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_sample_moves_the_pace_by_its_weight() {
+    let pace = measured(1000).await;
+    let t = pace.start(2000, Instant::now());
+    advance(WINDOW).await;
+    let rate = t.done().unwrap();
+    assert!((rate - (1000.0 + ALPHA * 1000.0)).abs() < 1e-9, "{rate}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_the_evaluator_has_been_serving_counts_as_partly_done() {
+    let pace = measured(1000).await;
+    let mut serving = pace.start(1000, Instant::now());
+    serving.serving();
+    let _queued = pace.start(1000, Instant::now());
+    advance(secs(0.5)).await;
+    let now = Instant::now();
+    // Half a second at 1000 bytes/s into the served request: 500 + 1000 queued are ahead.
+    let refused = pace.admits(1000, Some(now + secs(3.0)), now).unwrap_err();
+    assert_eq!(refused.ahead, 1500);
+    assert_eq!(pace.admits(1000, Some(now + secs(3.125)), now), Ok(()));
+    // Never more credit than the served work: 5 s on it leaves the queued request ahead.
+    advance(secs(4.5)).await;
+    let now = Instant::now();
+    let refused = pace.admits(1000, Some(now + secs(2.0)), now).unwrap_err();
+    assert_eq!(refused.ahead, 1000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_is_admitted_is_ahead_of_the_next_admission_and_a_refusal_counts_nothing() {
+    let pace = measured(1000).await;
+    let _ahead = pace.start(500, Instant::now());
+    let now = Instant::now();
+    // 500 ahead plus 700 and 300 of its own: 1.5 s, 1.875 s with the margin.
+    let batch = pace.admit(&[700, 300], Some(now + secs(1.9)), now).unwrap();
+    assert_eq!(batch.len(), 2);
+    // Now 1500 bytes are ahead: the same 1000 bytes no longer fit the same deadline.
+    let refused = pace
+        .admit_one(1000, Some(now + secs(1.9)), now)
+        .unwrap_err();
+    assert_eq!(refused.ahead, 1500);
+    assert!(pace.admit(&[700, 300], Some(now + secs(1.9)), now).is_err());
+    // The refusals took no room: with the batch gone, 1000 bytes fit again.
+    drop(batch);
+    assert!(pace.admit_one(1000, Some(now + secs(1.9)), now).is_ok());
+}
