@@ -6,7 +6,9 @@
 use crate::common;
 
 use common::*;
-use retrace::trace::ErrorCategory;
+use futures::future::BoxFuture;
+use retrace::engine::{Description, EngineError, Evaluator, Job};
+use retrace::trace::{ErrorCategory, Judgement};
 use retrace_cli::eval::{
     self, Analysis, Calibration, Report, Row, ScoredTrace, Summary, first_below, read_records,
     read_rows, rethreshold, sweep,
@@ -15,6 +17,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 const SPLITS: [&str; 4] = ["gsm8k", "math", "olympiadbench", "omnimath"];
@@ -334,18 +337,55 @@ fn fake_prediction(steps: &[String]) -> i32 {
         .map_or(-1, |i| i as i32)
 }
 
+/// The fake, except that its first call outlasts a whole connection's life, so the connection
+/// it came on is cut under it however fast the machine is.
+struct FirstOutlivesItsConnection {
+    fake: Fake,
+    first: Duration,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Evaluator for FirstOutlivesItsConnection {
+    fn describe(&self) -> Description {
+        self.fake.describe()
+    }
+
+    fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
+        Box::pin(async move {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                tokio::time::sleep(self.first).await;
+            }
+            self.fake.evaluate(job).await
+        })
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eval_outlives_the_connections_the_server_retires() {
-    // Connections retired after 1 s and cut 1 s later, traces judged at 150 ms each, one at a
-    // time: the run's 16 traces take 2.4 s or more (longer on a loaded machine, never
-    // shorter), so its first stream, opened on the connection made at start, is cut under it.
-    let counters = Arc::new(Counters::default());
+    // Connections retired after 1 s and cut 1 s later; the first trace takes 5 s, the rest
+    // 150 ms each, one at a time. The eval's first stream is cut while that trace is judged:
+    // the run finishes only if the eval opens a new stream and sends the trace again.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let loader: retrace::EvaluatorLoader = {
+        let calls = calls.clone();
+        Arc::new(move |_, _| {
+            let fake = Fake {
+                delay: Duration::from_millis(150),
+                counters: Arc::default(),
+            };
+            Ok(Arc::new(FirstOutlivesItsConnection {
+                fake,
+                first: Duration::from_secs(5),
+                calls: calls.clone(),
+            }) as Arc<dyn Evaluator>)
+        })
+    };
     let server = TestServer::start(
         config(
             "max_connection_age_s = 1\nmax_connection_age_grace_s = 1",
             &[("fake", "")],
         ),
-        fake_loader(Duration::from_millis(150), counters.clone(), None),
+        loader,
     )
     .await;
     server.ready().await;
@@ -356,15 +396,17 @@ async fn an_eval_outlives_the_connections_the_server_retires() {
         .map(String::from)
         .to_vec();
     args.push(gsm.display().to_string());
-    args.extend(["--limit", "16", "--concurrency", "1", "--out"].map(String::from));
+    args.extend(["--limit", "8", "--concurrency", "1", "--out"].map(String::from));
     args.push(out.display().to_string());
     let o = retrace(args).await;
     assert!(o.status.success(), "{}", text(&o));
     let rows = rows_of(&out.join("predictions.jsonl"));
-    assert_eq!(rows.len(), 16, "{}", text(&o));
+    assert_eq!(rows.len(), 8, "{}", text(&o));
     assert!(rows.iter().all(|r| r.error.is_none()), "{}", text(&o));
-    // Every trace reached the evaluator; one cut while judged is judged again.
-    assert!(counters.started() >= 16, "started {}", counters.started());
+    // The trace cut with the first connection was sent again: more calls than traces (had no
+    // connection been cut, the first call would have finished and there would be 8).
+    let calls = calls.load(Ordering::SeqCst);
+    assert!(calls > 8, "{calls} calls for 8 traces: no call was cut");
     server.stop().await.unwrap();
 }
 

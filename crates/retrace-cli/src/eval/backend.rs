@@ -110,20 +110,12 @@ impl EvalBackend {
                 token,
                 addr,
             } => {
-                let mut req = tonic::Request::new(pb::ListEvaluatorsRequest {});
-                if let Some(t) = token {
-                    req.metadata_mut().insert("authorization", t.clone());
-                }
-                let list = client
-                    .clone()
-                    .list_evaluators(req)
-                    .await
-                    .map_err(|s| EvalError::Connect {
+                let list = list_evaluators(client, token.as_ref()).await.map_err(|s| {
+                    EvalError::Connect {
                         addr: addr.clone(),
                         message: format!("ListEvaluators: {s}"),
-                    })?
-                    .into_inner()
-                    .evaluators;
+                    }
+                })?;
                 let found = list
                     .iter()
                     .find(|e| {
@@ -142,6 +134,27 @@ impl EvalBackend {
                     ))
                 })
             }
+        }
+    }
+}
+
+/// The server's evaluators. The call is sent again, up to twice, when the connection fails
+/// under it: a server retiring its connections may cut this first call as it cuts any other,
+/// and asking again changes nothing on the server.
+async fn list_evaluators(
+    client: &pb::evaluator_client::EvaluatorClient<Channel>,
+    token: Option<&MetadataValue<Ascii>>,
+) -> Result<Vec<pb::EvaluatorInfo>, tonic::Status> {
+    let mut tries = 0;
+    loop {
+        let mut req = tonic::Request::new(pb::ListEvaluatorsRequest {});
+        if let Some(t) = token {
+            req.metadata_mut().insert("authorization", t.clone());
+        }
+        match client.clone().list_evaluators(req).await {
+            Ok(reply) => return Ok(reply.into_inner().evaluators),
+            Err(s) if connection_lost(&s) && tries < 2 => tries += 1,
+            Err(s) => return Err(s),
         }
     }
 }
