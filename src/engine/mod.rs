@@ -4,11 +4,11 @@
 mod origin;
 mod pace;
 mod registry;
+mod slot;
 
 pub use origin::Origin;
-pub use registry::{
-    Admission, Engine, EvaluatorStatus, LoadByName, Loaded, Request, SlotSpec, any_changed,
-};
+pub use registry::{Admission, Engine, EvaluatorStatus, LoadByName, Loaded, any_changed};
+pub use slot::SlotSpec;
 
 use crate::field::FieldPath;
 use crate::trace::{Judgement, Trace};
@@ -38,6 +38,19 @@ pub struct Job {
     pub threshold: f32,
     /// When the caller stops waiting; work not started by then is dropped.
     pub deadline: Option<Instant>,
+}
+
+/// One request, parsed and structurally validated at the API edge.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// Empty selects the default.
+    pub evaluator: String,
+    pub trace: Arc<Trace>,
+    pub threshold: Option<f32>,
+    pub deadline: Option<Instant>,
+    pub arrived: Instant,
+    /// Where the trace sits in the caller's body, for naming fields in errors.
+    pub origin: Origin,
 }
 
 /// Anything that judges a validated trace: a PRM backend, a judge client, a cascade.

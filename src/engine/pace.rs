@@ -2,10 +2,11 @@
 //! so that a request which cannot finish before its deadline is refused at admission instead of
 //! admitted to fail.
 //!
-//! Work is counted in trace bytes. They stand in for tokens, to which they are proportional for
-//! one tokenizer and language, and they are known at admission without tokenizing on the async
-//! runtime; the pace is measured in the same unit, so the ratio cancels. A count of requests is
-//! not enough when traces differ in length tenfold.
+//! Work is counted in trace bytes, plus a fixed share per request. Bytes stand in for tokens, to
+//! which they are proportional for one tokenizer and language, and they are known at admission
+//! without tokenizing on the async runtime; the pace is measured in the same unit, so the ratio
+//! cancels. A count of requests is not enough when traces differ in length tenfold, and bytes
+//! alone undercount short ones: each also costs its prompt template and its read-out.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -13,24 +14,48 @@ use tokio::time::Instant;
 
 /// Busy time over which one sample of the pace is taken.
 const WINDOW: Duration = Duration::from_secs(1);
+/// An idle evaluator that has started nothing for this long takes the next request whatever
+/// its estimate says: a pace measured on a busier machine may have drifted low, and only
+/// answered work measures it again. At most one such probe can be late in each interval.
+const PROBE_AFTER: Duration = Duration::from_secs(5);
 /// The newest sample's weight in the pace.
 const ALPHA: f64 = 0.3;
+/// An answered request's weight in the mean work of a request.
+const MEAN_ALPHA: f64 = 0.1;
 /// The estimate is stretched by this much before it is held against the time left: the pace is
 /// a mean, and a request's batch-mates and the cores' other work make some finish later.
-const MARGIN: f64 = 1.25;
+const MARGIN: f64 = 1.3;
+
+/// What one request costs beyond its trace's bytes, in bytes: a chat template's system prompt
+/// and markup (about 60 tokens for a ChatML model) and the per-request work of a batch.
+const PER_REQUEST: u64 = 256;
+
+/// The work a trace of `bytes` bytes counts as.
+pub(super) fn work(bytes: usize) -> u64 {
+    bytes as u64 + PER_REQUEST
+}
 
 /// One evaluator's pending work and measured pace.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Pace {
     state: Mutex<State>,
+    /// Requests the evaluator serves at once (its `max_concurrency`): a request shares its
+    /// batch, or the upstream, with up to this many less one, and ends when they all do.
+    concurrency: usize,
 }
 
 #[derive(Debug, Default)]
 struct State {
     /// Bytes admitted and not yet finished.
     pending: u64,
+    /// Requests admitted and not yet finished.
+    requests: usize,
+    /// The mean work of an answered request; unknown until one is answered.
+    mean: Option<f64>,
     /// Of those, bytes handed to the evaluator (past its `max_concurrency` gate).
     serving: u64,
+    /// When work was last counted as pending.
+    last_start: Option<Instant>,
     /// Since when `pending` has been above zero.
     busy_since: Option<Instant>,
     /// The last answer, or the start of this busy spell: the evaluator has worked on what it
@@ -52,11 +77,27 @@ pub(super) struct TooSlow {
     pub left: Duration,
     /// Bytes of work ahead of it.
     pub ahead: u64,
+    /// Bytes of work likely to share its batch after it: its batch-mates, at the mean request.
+    pub beside: u64,
     /// The measured pace, bytes a second.
     pub rate: f64,
 }
 
+impl Default for Pace {
+    fn default() -> Self {
+        Pace::new(1)
+    }
+}
+
 impl Pace {
+    /// An evaluator's pace, unmeasured, serving `concurrency` requests at once.
+    pub(super) fn new(concurrency: usize) -> Pace {
+        Pace {
+            state: Mutex::default(),
+            concurrency: concurrency.max(1),
+        }
+    }
+
     /// Admits work of `sizes` bytes at `now`, all or none, if it can finish by `deadline` at the
     /// measured pace behind what is pending; each ticket counts its part as pending from here.
     /// The check and the count are one step, so two admissions at once cannot both take the
@@ -68,7 +109,7 @@ impl Pace {
         now: Instant,
     ) -> Result<Vec<Ticket<'_>>, TooSlow> {
         let mut s = self.lock();
-        s.check(sizes.iter().sum(), deadline, now)?;
+        s.check(sizes.iter().sum(), self.concurrency, deadline, now)?;
         Ok(sizes.iter().map(|&b| s.start(self, b, now)).collect())
     }
 
@@ -80,14 +121,14 @@ impl Pace {
         now: Instant,
     ) -> Result<Ticket<'_>, TooSlow> {
         let mut s = self.lock();
-        s.check(bytes, deadline, now)?;
+        s.check(bytes, self.concurrency, deadline, now)?;
         Ok(s.start(self, bytes, now))
     }
 
     /// Whether `bytes` of work admitted at `now` could finish by `deadline`; counts nothing.
     #[cfg(test)]
     fn admits(&self, bytes: u64, deadline: Option<Instant>, now: Instant) -> Result<(), TooSlow> {
-        self.lock().check(bytes, deadline, now)
+        self.lock().check(bytes, self.concurrency, deadline, now)
     }
 
     /// Counts `bytes` as pending until the ticket is dropped, with no check: work an evaluator
@@ -107,12 +148,15 @@ impl Pace {
     fn finish(&self, bytes: u64, serving: bool, cleared: bool, now: Instant) -> Option<f64> {
         let mut s = self.lock();
         s.pending = s.pending.saturating_sub(bytes);
+        s.requests = s.requests.saturating_sub(1);
         if serving {
             s.serving = s.serving.saturating_sub(bytes);
         }
         s.last_finish = Some(now);
         if cleared {
             s.done += bytes;
+            let w = bytes as f64;
+            s.mean = Some(s.mean.map_or(w, |m| m + MEAN_ALPHA * (w - m)));
         }
         let since = s.busy_since.unwrap_or(now);
         let busy = s.busy + now.saturating_duration_since(since);
@@ -137,18 +181,31 @@ impl Pace {
 
 impl State {
     /// Whether `bytes` of work admitted at `now` can finish by `deadline`, at the measured pace,
-    /// behind what is pending. Always yes with no deadline, before the pace is known, or when
-    /// nothing is pending: an idle evaluator takes the request, which also keeps the pace
-    /// measured when it has drifted low.
-    fn check(&self, bytes: u64, deadline: Option<Instant>, now: Instant) -> Result<(), TooSlow> {
+    /// behind what is pending and beside its likely batch-mates (as many as are pending, up to
+    /// `concurrency` less one, at the mean request: it ends when its batch does); a request
+    /// that alone would take longer than its deadline is refused too. Always yes with no
+    /// deadline, before the pace is known, or as a probe (an evaluator idle and given nothing
+    /// for `PROBE_AFTER`).
+    fn check(
+        &self,
+        bytes: u64,
+        concurrency: usize,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<(), TooSlow> {
         let (Some(deadline), Some(rate)) = (deadline, self.rate) else {
             return Ok(());
         };
-        if self.pending == 0 {
+        let quiet = self
+            .last_start
+            .is_none_or(|t| now.saturating_duration_since(t) >= PROBE_AFTER);
+        if self.pending == 0 && quiet {
             return Ok(());
         }
         let ahead = self.ahead(rate, now);
-        let estimate = Duration::from_secs_f64((ahead + bytes) as f64 / rate);
+        let mates = self.requests.min(concurrency - 1) as f64;
+        let beside = (mates * self.mean.unwrap_or(0.0)) as u64;
+        let estimate = Duration::from_secs_f64((ahead + beside + bytes) as f64 / rate);
         let left = deadline.saturating_duration_since(now);
         match estimate.mul_f64(MARGIN) <= left {
             true => Ok(()),
@@ -156,6 +213,7 @@ impl State {
                 estimate,
                 left,
                 ahead,
+                beside,
                 rate,
             }),
         }
@@ -169,6 +227,8 @@ impl State {
             self.last_finish = Some(now);
         }
         self.pending += bytes;
+        self.requests += 1;
+        self.last_start = Some(now);
         Ticket {
             pace,
             bytes,

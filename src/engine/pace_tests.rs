@@ -31,14 +31,19 @@ async fn work_that_cannot_finish_before_its_deadline_is_refused() {
     let pace = measured(1000).await;
     let _ahead = pace.start(1000, Instant::now());
     let now = Instant::now();
-    // 1000 bytes ahead and 1000 of its own take 2 s at 1000 bytes/s, 2.5 s with the margin.
-    let refused = pace.admits(1000, Some(now + secs(2.4)), now).unwrap_err();
+    // 1000 bytes ahead and 1000 of its own take 2 s at 1000 bytes/s, 2 s * MARGIN with the
+    // margin.
+    let short_of = secs(2.0 * MARGIN - 0.01);
+    let refused = pace.admits(1000, Some(now + short_of), now).unwrap_err();
     assert_eq!(refused.estimate, secs(2.0));
     assert_eq!((refused.ahead, refused.rate), (1000, 1000.0));
-    assert_eq!(refused.left, secs(2.4));
-    assert_eq!(pace.admits(1000, Some(now + secs(2.5)), now), Ok(()));
+    assert_eq!(refused.left, short_of);
+    assert_eq!(
+        pace.admits(1000, Some(now + secs(2.0 * MARGIN + 1e-6)), now),
+        Ok(())
+    );
     // Shorter work fits where longer did not: bytes, not a count of requests.
-    assert_eq!(pace.admits(100, Some(now + secs(2.4)), now), Ok(()));
+    assert_eq!(pace.admits(100, Some(now + short_of), now), Ok(()));
     assert_eq!(
         pace.admits(1000, None, now),
         Ok(()),
@@ -47,12 +52,27 @@ async fn work_that_cannot_finish_before_its_deadline_is_refused() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_idle_evaluator_takes_any_request() {
+async fn work_too_long_for_its_deadline_alone_is_refused_unless_it_probes_a_quiet_evaluator() {
     let pace = measured(1000).await;
     let now = Instant::now();
-    // Its own 5 s of work would miss, but nothing is ahead: a pace that drifted low must still
-    // get requests to measure it again.
-    assert_eq!(pace.admits(5000, Some(now + secs(1.0)), now), Ok(()));
+    // Nothing is ahead, but its own 5 s of work would miss a 1 s deadline.
+    let refused = pace.admits(5000, Some(now + secs(1.0)), now).unwrap_err();
+    assert_eq!((refused.ahead, refused.estimate), (0, secs(5.0)));
+    assert_eq!(pace.admits(500, Some(now + secs(1.0)), now), Ok(()));
+    // Given nothing for PROBE_AFTER (its last work started a window ago), an idle evaluator
+    // takes it: a pace that drifted low must still get work to measure it again.
+    advance(PROBE_AFTER - WINDOW - secs(0.1)).await;
+    assert!(
+        pace.admits(5000, Some(Instant::now() + secs(1.0)), Instant::now())
+            .is_err()
+    );
+    advance(secs(0.1)).await;
+    let now = Instant::now();
+    let probe = pace.admit_one(5000, Some(now + secs(1.0)), now).unwrap();
+    // Not while the probe runs, nor right after it.
+    assert!(pace.admits(5000, Some(now + secs(1.0)), now).is_err());
+    drop(probe);
+    assert!(pace.admits(5000, Some(now + secs(1.0)), now).is_err());
 }
 
 #[tokio::test(start_paused = true)]
@@ -96,7 +116,10 @@ async fn work_the_evaluator_has_been_serving_counts_as_partly_done() {
     // Half a second at 1000 bytes/s into the served request: 500 + 1000 queued are ahead.
     let refused = pace.admits(1000, Some(now + secs(3.0)), now).unwrap_err();
     assert_eq!(refused.ahead, 1500);
-    assert_eq!(pace.admits(1000, Some(now + secs(3.125)), now), Ok(()));
+    assert_eq!(
+        pace.admits(1000, Some(now + secs(2.5 * MARGIN + 1e-6)), now),
+        Ok(())
+    );
     // Never more credit than the served work: 5 s on it leaves the queued request ahead.
     advance(secs(4.5)).await;
     let now = Instant::now();
@@ -109,16 +132,54 @@ async fn what_is_admitted_is_ahead_of_the_next_admission_and_a_refusal_counts_no
     let pace = measured(1000).await;
     let _ahead = pace.start(500, Instant::now());
     let now = Instant::now();
-    // 500 ahead plus 700 and 300 of its own: 1.5 s, 1.875 s with the margin.
-    let batch = pace.admit(&[700, 300], Some(now + secs(1.9)), now).unwrap();
+    // 500 ahead plus 700 and 300 of its own take 1.5 s: they fit a deadline that far, with
+    // the margin.
+    let deadline = Some(now + secs(1.5 * MARGIN + 1e-6));
+    let batch = pace.admit(&[700, 300], deadline, now).unwrap();
     assert_eq!(batch.len(), 2);
     // Now 1500 bytes are ahead: the same 1000 bytes no longer fit the same deadline.
-    let refused = pace
-        .admit_one(1000, Some(now + secs(1.9)), now)
-        .unwrap_err();
+    let refused = pace.admit_one(1000, deadline, now).unwrap_err();
     assert_eq!(refused.ahead, 1500);
-    assert!(pace.admit(&[700, 300], Some(now + secs(1.9)), now).is_err());
+    assert!(pace.admit(&[700, 300], deadline, now).is_err());
     // The refusals took no room: with the batch gone, 1000 bytes fit again.
     drop(batch);
-    assert!(pace.admit_one(1000, Some(now + secs(1.9)), now).is_ok());
+    assert!(pace.admit_one(1000, deadline, now).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_load_a_request_ends_with_the_batch_mates_that_follow_it() {
+    // Two served at once; a window of 1000-byte requests sets the pace and the mean request.
+    let pace = Pace::new(2);
+    let t = pace.start(1000, Instant::now());
+    advance(WINDOW).await;
+    assert_eq!(t.done(), Some(1000.0));
+    let now = Instant::now();
+    // Idle but measured: its own 1000 bytes, 1 s, fit with the margin.
+    assert_eq!(
+        pace.admits(1000, Some(now + secs(MARGIN + 1e-6)), now),
+        Ok(())
+    );
+    // With one request pending, one mate of the mean size likely shares its batch: 1000 ahead,
+    // 1000 beside and 1000 its own take 3 s, 3 s * MARGIN with the margin.
+    let _ahead = pace.start(1000, now);
+    let refused = pace
+        .admits(1000, Some(now + secs(3.0 * MARGIN - 0.01)), now)
+        .unwrap_err();
+    assert_eq!((refused.ahead, refused.beside), (1000, 1000));
+    assert_eq!(refused.estimate, secs(3.0));
+    assert_eq!(
+        pace.admits(1000, Some(now + secs(3.0 * MARGIN + 1e-6)), now),
+        Ok(())
+    );
+    // Serving one at a time, nothing shares its batch.
+    let alone = Pace::default();
+    let t = alone.start(1000, Instant::now());
+    advance(WINDOW).await;
+    t.done();
+    let now = Instant::now();
+    let _ahead = alone.start(1000, now);
+    let refused = alone
+        .admits(1000, Some(now + secs(2.0 * MARGIN - 0.01)), now)
+        .unwrap_err();
+    assert_eq!((refused.ahead, refused.beside), (1000, 0));
 }

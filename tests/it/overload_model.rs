@@ -6,7 +6,8 @@
 //! once with traces mixed 10:1 in length, which a count of requests in flight cannot tell apart.
 //!
 //! In its own test binary so that nothing else runs beside it: its figures are the machine's.
-//! `RETRACE_SOAK_S` sets the seconds of overload (default 60); docs/operating.md shows a run.
+//! `RETRACE_SOAK_S` sets the seconds of overload (default 60, as the targets are set for);
+//! docs/operating.md shows a run.
 // A test crate's helpers are `pub` for its modules, not an API: nothing outside reaches them.
 #![allow(unreachable_pub)]
 
@@ -178,7 +179,8 @@ async fn overload(channel: &Channel, health: Channel, make: &Workload, load_s: f
     }
 }
 
-/// The targets, for one workload.
+/// The targets, for one workload: most of capacity served in time, almost nothing admitted to
+/// fail, refusals and health answered at once.
 fn check(run: &Run) {
     let l = &run.load;
     assert_eq!(l.unanswered, 0, "requests with no answer");
@@ -190,8 +192,11 @@ fn check(run: &Run) {
         run.goodput(),
         run.capacity
     );
+    // The aim is 1%; one late answer is allowed however few were admitted: a request here
+    // takes about half its deadline alone (docs/operating.md), so one that was estimated to
+    // fit can still miss by a few ms.
     assert!(
-        run.late_share() <= 0.01,
+        l.deadline <= (l.admitted.len() / 100).max(1),
         "{} of {} admitted requests late",
         l.deadline,
         l.admitted.len()
@@ -216,7 +221,7 @@ async fn a_saturated_model_refuses_at_once_what_would_miss_its_deadline() {
         .unwrap_or(60.0);
     let sets = [
         format!("evaluator.smollm2.model={}", model.display()),
-        "evaluator.smollm2.max_concurrency=2".to_string(),
+        "evaluator.smollm2.max_concurrency=1".to_string(),
     ];
     let max_in_flight = MAX_IN_FLIGHT.to_string();
     let mut args: Vec<&std::ffi::OsStr> = vec!["--max-in-flight".as_ref(), max_in_flight.as_ref()];
@@ -224,7 +229,8 @@ async fn a_saturated_model_refuses_at_once_what_would_miss_its_deadline() {
         args.extend::<[&std::ffi::OsStr; 2]>(["--set".as_ref(), s.as_ref()]);
     }
     let port = free_port();
-    let (_server, channel, _) = spawn_retrace_on(port, &args, &[("RETRACE_LOG", "warn")]).await;
+    let (_server, channel, metrics) =
+        spawn_retrace_on(port, &args, &[("RETRACE_LOG", "warn")]).await;
     // Health is asked on a connection of its own, as a load balancer's probe would.
     let health = Channel::from_shared(format!("http://127.0.0.1:{port}"))
         .unwrap()
@@ -244,4 +250,12 @@ async fn a_saturated_model_refuses_at_once_what_would_miss_its_deadline() {
     for run in &runs {
         check(run);
     }
+    // Every refusal was the deadline's (max_in_flight was never reached), as the server counts.
+    let by_deadline = sample(
+        &scrape(metrics).await,
+        "retrace_dropped_total",
+        &[("reason", "would_miss_deadline")],
+    );
+    let refused: usize = runs.iter().map(|r| r.load.exhausted).sum();
+    assert_eq!(by_deadline, Some(refused as f64));
 }

@@ -278,7 +278,13 @@ simd_fn! {
         *alpha = exp::<M>(*m - m_new);
         let mut sum = [0f32; 16];
         for c in s.chunks_exact_mut(16) {
-            let e: [f32; 16] = std::array::from_fn(|i| exp::<M>(c[i] - m_new));
+            // Loops, not `array::from_fn`: a closure does not inherit the copy's target
+            // features, and where it is not inlined (unoptimised callers, many codegen units)
+            // its multiply-adds become libm calls.
+            let mut e = [0f32; 16];
+            for i in 0..16 {
+                e[i] = exp::<M>(c[i] - m_new);
+            }
             c.copy_from_slice(&e);
             for i in 0..16 {
                 sum[i] += e[i];
@@ -304,8 +310,12 @@ simd_fn! {
         let hd = acc.len() / R;
         let whole = hd - hd % 16;
         for c in (0..whole).step_by(16) {
-            let mut a: [[f32; 16]; R] =
-                std::array::from_fn(|r| std::array::from_fn(|i| acc[r * hd + c + i] * alpha[r]));
+            let mut a = [[0f32; 16]; R];
+            for r in 0..R {
+                for i in 0..16 {
+                    a[r][i] = acc[r * hd + c + i] * alpha[r];
+                }
+            }
             for j in lo..hi {
                 let v = &vb[j * hd + c..j * hd + c + 16];
                 for r in 0..R {
