@@ -27,16 +27,19 @@
 //!   upstream caller's).
 //! - `judge/`: its keys (`config.rs`), prompt templates, the reply parser and vote, the
 //!   chat-completions body and reply, and the response cache.
-//! - `engine/`: the `Evaluator` trait, the registry, admission, per-evaluator gates (every caller's
-//!   path to an evaluator, a cascade's included), deadlines, readiness watches. It knows evaluators
-//!   by `SlotSpec`, not by config, and names fields by where each trace sits (`Origin`).
+//! - `engine/`: the `Evaluator` trait, the registry, admission (by count, and by each evaluator's
+//!   measured pace against the request's deadline: `pace.rs`), per-evaluator slots (`slot.rs`:
+//!   the gate on every caller's path to an evaluator, a cascade's included), deadlines, readiness
+//!   watches. It knows evaluators by `SlotSpec`, not by config, and names fields by where each
+//!   trace sits (`Origin`).
 //! - `upstream/`: the one reliable HTTP upstream judges and vLLM PRMs call through, and the keys
 //!   both spell the same way (`config.rs`): capped bodies, retries with backoff, the breaker, rate
 //!   and concurrency limits, metrics.
 //! - `health.rs`: grpc.health.v1 for the server, the Evaluator service and each evaluator.
 //! - Leaves: `trace.rs` (domain types), `segment.rs` (raw text -> steps), `field.rs` (typed field
 //!   paths), `env.rs` (the one reader of the process environment, as a value), `rule.rs` (what a
-//!   config rule says when it refuses), `metrics.rs` (every metric name once).
+//!   config rule says when it refuses), `metrics.rs` (every metric name once), `priority.rs` (the
+//!   model's threads below the runtime's).
 //! - `fuzzing` (hidden): the private parsers opened to `fuzz/` and `tests/it/fuzz_props/`.
 //!
 //! A request takes three hops: api -> engine -> evaluator. `run` is the whole server; `serve`
