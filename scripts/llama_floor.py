@@ -26,12 +26,14 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+
+# The local-server helpers the stability probe already has (this folder is on the path).
+from score_stability import free_port, post
 
 # The words chat-lm scores with (src/prm/format.rs: CHAT_LM_INSTRUCTION), as the bench sends them.
 INSTRUCTION = (
@@ -45,20 +47,6 @@ CONFIGS = [
     ("f32-kv", ["-ctk", "f32", "-ctv", "f32"]),
     ("ubatch-32", ["-ub", "32"]),
 ]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(url, body):
-    req = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.load(r)
 
 
 def start(llama, gguf, extra, threads, log):
