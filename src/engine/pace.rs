@@ -15,11 +15,13 @@ use tokio::time::Instant;
 /// Busy time over which one sample of the pace is taken.
 const WINDOW: Duration = Duration::from_secs(1);
 /// An idle evaluator that has started nothing for this long takes the next request whatever
-/// its estimate says: a pace measured on a busier machine may have drifted low, and only
-/// answered work measures it again. At most one such probe can be late in each interval.
-const PROBE_AFTER: Duration = Duration::from_secs(5);
-/// The newest sample's weight in the pace.
-const ALPHA: f64 = 0.3;
+/// its estimate says: a pace measured while the machine was busier (another process, a burst)
+/// is low, refuses what would fit, and only answered work measures it again. At most one such
+/// probe can be late in each interval.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// The newest sample's weight in the pace: half, so a few probes bring a pace that was
+/// measured low back to the machine's.
+const ALPHA: f64 = 0.5;
 /// An answered request's weight in the mean work of a request.
 const MEAN_ALPHA: f64 = 0.1;
 /// The estimate is stretched by this much before it is held against the time left: the pace is

@@ -54,14 +54,16 @@ async fn work_that_cannot_finish_before_its_deadline_is_refused() {
 #[tokio::test(start_paused = true)]
 async fn work_too_long_for_its_deadline_alone_is_refused_unless_it_probes_a_quiet_evaluator() {
     let pace = measured(1000).await;
+    // Work that started (and failed) just now: the evaluator is idle again, but not quiet.
+    drop(pace.start(100, Instant::now()));
     let now = Instant::now();
     // Nothing is ahead, but its own 5 s of work would miss a 1 s deadline.
     let refused = pace.admits(5000, Some(now + secs(1.0)), now).unwrap_err();
     assert_eq!((refused.ahead, refused.estimate), (0, secs(5.0)));
     assert_eq!(pace.admits(500, Some(now + secs(1.0)), now), Ok(()));
-    // Given nothing for PROBE_AFTER (its last work started a window ago), an idle evaluator
-    // takes it: a pace that drifted low must still get work to measure it again.
-    advance(PROBE_AFTER - WINDOW - secs(0.1)).await;
+    // Given nothing for PROBE_AFTER, an idle evaluator takes it: a pace that drifted low must
+    // still get work to measure it again.
+    advance(PROBE_AFTER - secs(0.1)).await;
     assert!(
         pace.admits(5000, Some(Instant::now() + secs(1.0)), Instant::now())
             .is_err()
