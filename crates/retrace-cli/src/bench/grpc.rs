@@ -18,7 +18,7 @@ pub(super) async fn run(
 ) -> anyhow::Result<ContenderRun> {
     let (client, evaluator, traces) = (client.clone(), evaluator.to_string(), work.clone());
     super::drive(work.traces.len(), concurrency, move |i| {
-        let (mut client, evaluator, traces) = (client.clone(), evaluator.clone(), traces.clone());
+        let (client, evaluator, traces) = (client.clone(), evaluator.clone(), traces.clone());
         async move {
             let t = &traces.traces[i];
             let request = pb::EvaluateRequest {
@@ -31,17 +31,70 @@ pub(super) async fn run(
                 }),
                 ..Default::default()
             };
-            // A call the server's retirement of its connection cut goes again, on the
-            // channel's new connection.
-            let mut reply = client.evaluate(request.clone()).await;
-            if matches!(&reply, Err(s) if connection_lost(s)) {
-                reply = client.evaluate(request).await;
-            }
-            let reply = reply
-                .with_context(|| format!("retrace: trace {i}"))?
-                .into_inner();
+            let reply = again_if_cut(|| {
+                let (mut client, request) = (client.clone(), request.clone());
+                async move { client.evaluate(request).await }
+            })
+            .await
+            .with_context(|| format!("retrace: trace {i}"))?
+            .into_inner();
             Ok((reply.steps.iter().map(|s| s.score).collect(), 0))
         }
     })
     .await
+}
+
+/// `call`, and once more when the connection failed under it: a server retiring its connections
+/// (`max_connection_age_s` and its grace) cuts what is still on one, and the channel's next
+/// call goes on a new connection. Every bench workload sends through this.
+pub(super) async fn again_if_cut<T, F, Fut>(call: F) -> Result<T, tonic::Status>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, tonic::Status>>,
+{
+    match call().await {
+        Err(s) if connection_lost(&s) => call().await,
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A status as tonic builds one from a transport error: with the error as its source.
+    fn cut() -> tonic::Status {
+        let mut s = tonic::Status::cancelled("operation was canceled");
+        s.set_source(Arc::new(std::io::Error::other("connection closed")));
+        s
+    }
+
+    #[tokio::test]
+    async fn a_call_its_connection_cut_goes_once_more_and_a_servers_answer_does_not() {
+        let calls = AtomicUsize::new(0);
+        let first_cut = || async {
+            match calls.fetch_add(1, Ordering::SeqCst) {
+                0 => Err(cut()),
+                _ => Ok(7),
+            }
+        };
+        assert_eq!(again_if_cut(first_cut).await.unwrap(), 7);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // A status the server sent (no source) is its answer; a second cut is given up on.
+        let calls = AtomicUsize::new(0);
+        let refused = || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(tonic::Status::resource_exhausted("busy"))
+        };
+        assert!(again_if_cut(refused).await.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let calls = AtomicUsize::new(0);
+        let always_cut = || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(cut())
+        };
+        assert!(again_if_cut(always_cut).await.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
 }

@@ -12,6 +12,7 @@
 
 mod report;
 
+use super::grpc::again_if_cut;
 use super::llama::LlamaServer;
 use super::procs::Guard;
 use super::{BenchOptions, BenchTrace, Workload};
@@ -283,16 +284,26 @@ async fn send(
 ) -> anyhow::Result<()> {
     let (client, jobs) = (client.clone(), jobs.clone());
     super::drive(jobs.len(), concurrency, move |i| {
-        let (mut client, jobs) = (client.clone(), jobs.clone());
+        let (client, jobs) = (client.clone(), jobs.clone());
         async move {
             match &jobs[i] {
                 ReuseJob::Evaluate(requests) => {
                     for r in requests {
-                        client.evaluate(r.clone()).await.context("Evaluate")?;
+                        again_if_cut(|| {
+                            let (mut client, r) = (client.clone(), r.clone());
+                            async move { client.evaluate(r).await }
+                        })
+                        .await
+                        .context("Evaluate")?;
                     }
                 }
                 ReuseJob::Rank(r) => {
-                    client.rank(r.clone()).await.context("Rank")?;
+                    again_if_cut(|| {
+                        let (mut client, r) = (client.clone(), r.clone());
+                        async move { client.rank(r).await }
+                    })
+                    .await
+                    .context("Rank")?;
                 }
             }
             Ok((Vec::new(), 0))
