@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from .errors import Internal, RetraceError, from_status_number
+from .errors import DeadlineExceeded, Internal, RetraceError, from_status_number
 from .models import Verdict
 
 log = logging.getLogger("retrace_client")
@@ -29,6 +29,14 @@ class Batch:
         self.results: list[Verdict | RetraceError | None] = [None] * len(requests)
         self.pending = list(range(len(requests)))
         self._answered: set[int] = set()
+
+    def start_round(self, attempts) -> bool:
+        """Whether another round may start: not once the deadline of `attempts` passed, which
+        fails every pending item with DEADLINE_EXCEEDED."""
+        if attempts.expired():
+            self.fail_pending(DeadlineExceeded("the call's deadline passed", address=attempts.address))
+            return False
+        return True
 
     def on_response(self, response, address: str | None = None) -> None:
         i = self._index.get(response.id)

@@ -21,6 +21,8 @@ from typing import Sequence
 
 import grpc
 
+from .errors import DeadlineExceeded
+
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -174,3 +176,41 @@ class Deadline:
     def allows_sleep(self, seconds: float) -> bool:
         r = self.remaining()
         return r is None or r > seconds
+
+
+class Attempts:
+    """One call's attempts: the address each goes to, and whether another may follow it."""
+
+    def __init__(self, settings: Settings, start: int, timeout: float | None):
+        self._settings = settings
+        self._start = start
+        self._n = 0
+        self._deadline = Deadline(timeout)
+
+    @property
+    def address(self) -> str:
+        addresses = self._settings.addresses
+        return addresses[(self._start + self._n) % len(addresses)]
+
+    def begin(self) -> str:
+        """This attempt's address; raises DeadlineExceeded when the deadline passed before it."""
+        if self.expired():
+            raise DeadlineExceeded("the call's deadline passed before an attempt could start", address=self.address)
+        return self.address
+
+    def expired(self) -> bool:
+        return self._deadline.expired()
+
+    def remaining(self) -> float | None:
+        return self._deadline.remaining()
+
+    def retry_delay(self, error=None) -> float | None:
+        """The backoff before the next attempt, which goes one address on; None when `error` (a
+        RetraceError) is not retryable, or the retries or the deadline are spent."""
+        if error is not None and not error.retryable:
+            return None
+        delay = self._settings.backoff(self._n)
+        if self._n >= self._settings.retries or not self._deadline.allows_sleep(delay):
+            return None
+        self._n += 1
+        return delay

@@ -12,66 +12,22 @@ from typing import Any, Iterable, Sequence
 
 import grpc
 import grpc.aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from . import _requests
+from . import _core
 from ._batch import Batch
-from ._proto import health_service, pb, pb_grpc
-from ._transport import DEFAULT_TIMEOUT_S, Deadline, RoundRobin, Settings, channel_options
-from .errors import DeadlineExceeded, RetraceError, from_rpc_error
+from ._core import UNSET as _UNSET
+from ._core import Core, Unary
+from .errors import RetraceError, from_rpc_error
 from .models import EvaluatorInfo, Ranking, Verdict
 
-_UNSET: Any = object()
 
-
-class AsyncClient:
+class AsyncClient(Core):
     """See Client for the arguments; every call is a coroutine."""
 
-    def __init__(
-        self,
-        addresses: str | Sequence[str] | None = None,
-        *,
-        token: str | None = None,
-        tls: bool = False,
-        root_certificates: str | bytes | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_S,
-        retries: int = 3,
-        backoff_initial: float = 0.1,
-        backoff_max: float = 2.0,
-        evaluator: str = "",
-        channel_options: Sequence[tuple] = (),
-    ):
-        self.settings = Settings.build(
-            addresses,
-            token=token,
-            tls=tls,
-            root_certificates=root_certificates,
-            timeout=timeout,
-            retries=retries,
-            backoff_initial=backoff_initial,
-            backoff_max=backoff_max,
-            evaluator=evaluator,
-            channel_options=channel_options,
-        )
-        self._rr = RoundRobin(len(self.settings.addresses))
-        self._channels: dict[str, grpc.aio.Channel] = {}
-
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        ch = self._channels.get(address)
-        if ch is None:
-            creds = self.settings.credentials()
-            opts = channel_options(address, self.settings.channel_options)
-            ch = (
-                grpc.aio.secure_channel(address, creds, options=opts)
-                if creds
-                else grpc.aio.insecure_channel(address, options=opts)
-            )
-            self._channels[address] = ch
-        return ch
+    _grpc = grpc.aio
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for ch in channels:
+        for ch in self._take_channels():
             await ch.close()
 
     async def __aenter__(self) -> "AsyncClient":
@@ -80,31 +36,18 @@ class AsyncClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    def _timeout(self, timeout: Any) -> float | None:
-        return self.settings.timeout if timeout is _UNSET else timeout
-
-    def _evaluator(self, evaluator: str) -> str:
-        return evaluator or self.settings.evaluator
-
-    async def _unary(self, method: str, request, timeout):
-        s = self.settings
-        deadline = Deadline(self._timeout(timeout))
-        start = self._rr.start()
-        attempt = 0
+    async def _unary(self, op: Unary, timeout):
+        tries = self._attempts(timeout)
         while True:
-            address = s.addresses[(start + attempt) % len(s.addresses)]
-            if deadline.expired():
-                raise DeadlineExceeded("the call's deadline passed before an attempt could start", address=address)
-            stub = pb_grpc.EvaluatorStub(self._channel(address))
+            address = tries.begin()
             try:
-                return await getattr(stub, method)(request, timeout=deadline.remaining(), metadata=s.metadata)
+                return op.parse(await self._invoke(op, address, tries.remaining()))
             except grpc.RpcError as e:
                 err = from_rpc_error(e, address)
-            delay = s.backoff(attempt)
-            if not err.retryable or attempt >= s.retries or not deadline.allows_sleep(delay):
+            delay = tries.retry_delay(err)
+            if delay is None:
                 raise err
             await asyncio.sleep(delay)
-            attempt += 1
 
     async def evaluate(
         self,
@@ -119,47 +62,32 @@ class AsyncClient:
         id: str = "",
         timeout: float | None = _UNSET,
     ) -> Verdict:
-        req = _requests.evaluate_request(
+        op = self._evaluate(
             question,
             steps,
             text,
             options=options,
             reference_answer=reference_answer,
-            evaluator=self._evaluator(evaluator),
+            evaluator=evaluator,
             threshold=threshold,
             id=id,
         )
-        return Verdict.from_pb(await self._unary("Evaluate", req, timeout))
+        return await self._unary(op, timeout)
 
     async def evaluate_many(
         self, items: Iterable[Any], *, max_in_flight: int = 64, timeout: float | None = _UNSET
     ) -> list[Verdict | RetraceError]:
         """As Client.evaluate_many: one stream, bounded in flight, results in input order."""
-        if max_in_flight < 1:
-            raise ValueError("max_in_flight must be >= 1")
-        reqs = [_requests.item_request(it) for it in items]
-        for r in reqs:
-            r.evaluator = self._evaluator(r.evaluator)
-        batch = Batch(reqs)
-        if not reqs:
+        batch = self._batch(items, max_in_flight)
+        if not batch.requests:
             return []
-        s = self.settings
-        deadline = Deadline(self._timeout(timeout))
-        start = self._rr.start()
-        attempt = 0
-        while True:
-            address = s.addresses[(start + attempt) % len(s.addresses)]
-            if deadline.expired():
-                batch.fail_pending(DeadlineExceeded("the call's deadline passed", address=address))
-                break
-            err = await self._stream_round(address, batch, deadline.remaining(), max_in_flight)
-            if not batch.end_round(err):
-                break
-            delay = s.backoff(attempt)
-            if attempt >= s.retries or not deadline.allows_sleep(delay):
+        tries = self._attempts(timeout)
+        while batch.start_round(tries):
+            err = await self._stream_round(tries.address, batch, tries.remaining(), max_in_flight)
+            delay = tries.retry_delay() if batch.end_round(err) else None
+            if delay is None:
                 break
             await asyncio.sleep(delay)
-            attempt += 1
         return batch.results
 
     async def _stream_round(self, address, batch: Batch, timeout, max_in_flight) -> RetraceError | None:
@@ -170,8 +98,7 @@ class AsyncClient:
                 await window.acquire()
                 yield batch.requests[i]
 
-        stub = pb_grpc.EvaluatorStub(self._channel(address))
-        call = stub.EvaluateStream(requests(), timeout=timeout, metadata=self.settings.metadata)
+        call = self._open_stream(address, requests(), timeout)
         try:
             async for response in call:
                 batch.on_response(response, address)
@@ -194,25 +121,24 @@ class AsyncClient:
         id: str = "",
         timeout: float | None = _UNSET,
     ) -> Ranking:
-        req = _requests.rank_request(
+        op = self._rank(
             question,
             candidates,
             options=options,
             reference_answer=reference_answer,
-            evaluator=self._evaluator(evaluator),
+            evaluator=evaluator,
             threshold=threshold,
             id=id,
         )
-        return Ranking.from_pb(await self._unary("Rank", req, timeout))
+        return await self._unary(op, timeout)
 
     async def list_evaluators(self, *, timeout: float | None = _UNSET) -> list[EvaluatorInfo]:
-        resp = await self._unary("ListEvaluators", pb.ListEvaluatorsRequest(), timeout)
-        return [EvaluatorInfo.from_pb(e) for e in resp.evaluators]
+        return await self._unary(self._list_evaluators(), timeout)
 
     async def health(
         self, *, address: str | None = None, evaluator: str | None = None, timeout: float | None = 5.0
     ) -> bool:
-        for a in [address] if address else self.settings.addresses:
+        for a in self._health_addresses(address):
             if await self.health_status(address=a, evaluator=evaluator, timeout=timeout) == "SERVING":
                 return True
         return False
@@ -220,13 +146,8 @@ class AsyncClient:
     async def health_status(
         self, *, address: str | None = None, evaluator: str | None = None, timeout: float | None = 5.0
     ) -> str:
-        stub = health_pb2_grpc.HealthStub(self._channel(address or self.settings.addresses[0]))
         try:
-            resp = await stub.Check(
-                health_pb2.HealthCheckRequest(service=health_service(evaluator)),
-                timeout=timeout,
-                metadata=self.settings.metadata,
-            )
+            resp = await self._health_check(address, evaluator, timeout)
         except grpc.RpcError as e:
-            return "SERVICE_UNKNOWN" if e.code() == grpc.StatusCode.NOT_FOUND else "UNREACHABLE"
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+            return _core.health_failure(e)
+        return _core.health_name(resp)
