@@ -2,12 +2,13 @@
 """Checks the shape of the product code: no function over 80 lines and no file over 500.
 
 Counted over every .rs file under src/ and crates/*/src/ (the server, the model crate and the
-tools), tests aside: files named *_tests.rs or tests.rs, and everything from a `#[cfg(test)]`
-line to the end of its file (test modules sit last). A function's length is its lines from the
+tools), tests aside: files named *_tests.rs or tests.rs, and each item a `#[cfg(test)]` gates (a
+test module, a test-only helper or import), from the attribute to the item's closing brace or
+semicolon; code after such an item is counted again. A function's length is its lines from the
 `fn` line to its closing brace, both included, braces matched outside strings, chars and
-comments. A file's length is its lines before any `#[cfg(test)]` module.
+comments. A file's length is its lines outside test items.
 
-Usage: code_shape.py [--max-fn N] [--max-file N] [--list]   (exits 1 on any excess)
+Usage: code_shape.py [--root DIR] [--max-fn N] [--max-file N] [--list]   (exits 1 on any excess)
 """
 import argparse
 import re
@@ -50,11 +51,39 @@ def strip(line, in_block):
 
 
 def product_lines(path):
+    """The file's lines with every `#[cfg(test)]` item blanked (so line numbers stay true), and
+    how many lines are product code."""
     lines = path.read_text().splitlines()
-    for k, line in enumerate(lines):
-        if line.strip() == "#[cfg(test)]":
-            return lines[:k]
-    return lines
+    out, k, kept = [], 0, 0
+    while k < len(lines):
+        if lines[k].strip().startswith("#[cfg(test)]"):
+            end = item_end(lines, k)
+            out.extend("" for _ in range(k, end + 1))
+            k = end + 1
+            continue
+        out.append(lines[k])
+        kept += 1
+        k += 1
+    return out, kept
+
+
+def item_end(lines, start):
+    """The last line of the item the attribute on line `start` gates: where its braces close, or
+    its `;` when it has no body (`mod tests;`, `use ...;`)."""
+    depth, in_block, opened = 0, False, False
+    first = lines[start].strip()[len("#[cfg(test)]"):]
+    for k in range(start, len(lines)):
+        code, in_block = strip(first if k == start else lines[k], in_block)
+        for c in code:
+            if c == "{":
+                depth, opened = depth + 1, True
+            elif c == "}":
+                depth -= 1
+                if opened and depth == 0:
+                    return k
+            elif c == ";" and depth == 0:
+                return k
+    return len(lines) - 1
 
 
 def functions(lines):
@@ -86,19 +115,21 @@ def functions(lines):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=ROOT, help="the tree to check (default: this repo)")
     ap.add_argument("--max-fn", type=int, default=80)
     ap.add_argument("--max-file", type=int, default=500)
     ap.add_argument("--list", action="store_true", help="print the ten longest functions")
     args = ap.parse_args()
-    files = [p for d in [ROOT / "src", *sorted((ROOT / "crates").glob("*/src"))]
+    root = args.root.resolve()
+    files = [p for d in [root / "src", *sorted((root / "crates").glob("*/src"))]
              for p in sorted(d.rglob("*.rs"))
              if not (p.name.endswith("_tests.rs") or p.name == "tests.rs")]
     bad, all_fns = [], []
     for p in files:
-        lines = product_lines(p)
-        rel = p.relative_to(ROOT)
-        if len(lines) > args.max_file:
-            bad.append(f"{rel}: {len(lines)} lines (at most {args.max_file})")
+        lines, kept = product_lines(p)
+        rel = p.relative_to(root)
+        if kept > args.max_file:
+            bad.append(f"{rel}: {kept} lines (at most {args.max_file})")
         for name, start, length in functions(lines):
             all_fns.append((length, f"{rel}:{start} {name}"))
             if length > args.max_fn:

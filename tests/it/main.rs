@@ -9,6 +9,7 @@
 
 mod bench;
 mod cli;
+mod code_shape;
 mod common;
 mod connections;
 mod dead_model;

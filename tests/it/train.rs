@@ -3,35 +3,11 @@
 //! bit, bad input refused by file and line or option with nothing left behind (in this process,
 //! through the library the binary calls), and the binary killed midway.
 
-use crate::common::{REPO, processbench};
-use retrace_cli::eval::read_records;
+use crate::common::{REPO, TempDir, processbench};
+use retrace_cli::read_records;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// A folder under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "retrace-train-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 pub fn tiny_base() -> PathBuf {
     Path::new(REPO).join("tests/fixtures/tiny/chat-lm")
@@ -92,12 +68,12 @@ pub fn train_head(args: &[&std::ffi::OsStr]) -> Result<(), String> {
     #[derive(clap::Parser)]
     struct Cmd {
         #[command(flatten)]
-        opts: retrace_cli::train::TrainOptions,
+        opts: retrace_cli::TrainOptions,
     }
     let argv = [os("train-head")].into_iter().chain(args.iter().copied());
     let cmd = <Cmd as clap::Parser>::try_parse_from(argv.chain([os("--no-progress")]))
         .map_err(|e| e.to_string())?;
-    retrace_cli::train::train_head(cmd.opts)
+    retrace_cli::train_head(cmd.opts)
         .map(drop)
         .map_err(|e| e.to_string())
 }
@@ -504,8 +480,8 @@ fn with_categories(src: &Path, dest: &Path) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_served_head_scores_dev_as_training_did() {
     use crate::common::{max_gap, request, spawn_retrace, step_scores};
-    use retrace::api::pb;
-    use retrace_cli::eval::{Row, read_rows};
+    use retrace::pb;
+    use retrace_cli::{Row, read_rows};
     let tmp = TempDir::new("serve");
     let out = tmp.0.join("head");
     let data = with_categories(&processbench("gsm8k"), &tmp.0.join("train.jsonl"));

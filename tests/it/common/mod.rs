@@ -12,11 +12,11 @@ pub mod vllm;
 pub mod wire;
 
 use futures::future::BoxFuture;
+use retrace::Config;
 use retrace::EvaluatorLoader;
-use retrace::api::pb;
-use retrace::config::Config;
-use retrace::engine::{Description, EngineError, Evaluator, Job};
-use retrace::trace::Judgement;
+use retrace::Judgement;
+use retrace::pb;
+use retrace::{Description, EngineError, Evaluator, Job};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -76,7 +76,7 @@ impl Evaluator for Fake {
                 .position(|s| s.text.contains("refuse"))
             {
                 return Err(EngineError::invalid(
-                    retrace::field::FieldPath::root().then("steps").at(i),
+                    retrace::FieldPath::root().then("steps").at(i),
                     "refused by the fake",
                 ));
             }
@@ -456,4 +456,28 @@ pub fn tiny_prm_config(tag: &str, server_extra: &str) -> std::path::PathBuf {
     )
     .unwrap();
     path
+}
+
+/// A folder under the system temp dir, removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "retrace-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
