@@ -35,7 +35,7 @@ pub struct JudgeConfig {
     /// The prompt's wording: `math`, `multiple_choice` or `open` for every trace, or `auto`
     /// (the default), chosen per trace by its shape (`domain::auto`).
     #[serde(default)]
-    pub domain: DomainChoice,
+    pub(crate) domain: DomainChoice,
     /// Folder whose `{domain}-{mode}.txt` files replace the built-in prompt templates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompts_dir: Option<PathBuf>,
@@ -58,17 +58,17 @@ pub struct JudgeConfig {
     /// The server behind `base_url` (`openai`, `llama.cpp`, `vllm`, `sglang`): the grammar's
     /// dialect and the default `output`.
     #[serde(default)]
-    pub upstream: UpstreamKind,
+    pub(crate) upstream: UpstreamKind,
 }
 
 /// A judge's defaults and bounds.
-pub mod defaults {
-    pub const MAX_TOKENS: u32 = 1024;
+pub(crate) mod defaults {
+    pub(crate) const MAX_TOKENS: u32 = 1024;
     /// The temperature of a voting judge that sets none: samples must differ to vote.
-    pub const VOTING_TEMPERATURE: f32 = 0.7;
-    pub const CACHE_ENTRIES: usize = 1024;
+    pub(crate) const VOTING_TEMPERATURE: f32 = 0.7;
+    pub(crate) const CACHE_ENTRIES: usize = 1024;
     /// Most samples one judge may vote over: each is a full judge reply.
-    pub const MAX_SAMPLES: u32 = 64;
+    pub(crate) const MAX_SAMPLES: u32 = 64;
 
     pub(super) fn max_tokens() -> u32 {
         MAX_TOKENS
@@ -88,30 +88,8 @@ pub mod defaults {
 const RESERVED_BODY_KEYS: &[&str] = &["model", "messages", "n", "stream"];
 
 impl JudgeConfig {
-    /// A judge of `model` at `base_url` with every other key at its default.
-    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
-        JudgeConfig {
-            endpoint: UpstreamConfig::new(base_url),
-            model: model.into(),
-            temperature: None,
-            top_p: None,
-            max_tokens: defaults::MAX_TOKENS,
-            samples: 1,
-            reasoning: false,
-            extra_body: toml::Table::new(),
-            domain: DomainChoice::Auto,
-            prompts_dir: None,
-            parallel_samples: false,
-            cache_entries: defaults::CACHE_ENTRIES,
-            repair: true,
-            repair_prompt: None,
-            output: None,
-            upstream: UpstreamKind::default(),
-        }
-    }
-
     /// The `extra_body` key through which the user already constrains the reply, if any.
-    pub fn own_constraint(&self) -> Option<&'static str> {
+    pub(crate) fn own_constraint(&self) -> Option<&'static str> {
         CONSTRAINT_KEYS
             .iter()
             .copied()
@@ -119,7 +97,7 @@ impl JudgeConfig {
     }
 
     /// The output mode in force: the table's, else the default (see `OutputMode::default_for`).
-    pub fn output_mode(&self) -> OutputMode {
+    pub(crate) fn output_mode(&self) -> OutputMode {
         self.output
             .unwrap_or_else(|| OutputMode::default_for(self.own_constraint().is_some()))
     }

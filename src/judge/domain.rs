@@ -1,14 +1,22 @@
 //! Which prompt wording a trace gets: the judge's `domain` key, and the rule `auto` applies to a
 //! trace's shape (its options, its question's notation and form, a yes/no reference answer).
 
-use super::prompt::Domain;
 use crate::trace::Trace;
 use serde::{Deserialize, Serialize};
+
+/// What kind of question a template is worded for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Domain {
+    Math,
+    MultipleChoice,
+    /// Open and yes/no questions of world knowledge, commonsense or science (StrategyQA's kind).
+    Open,
+}
 
 /// A judge's `domain` key: one wording for every trace, or `auto`, chosen per trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum DomainChoice {
+pub(crate) enum DomainChoice {
     #[default]
     Auto,
     Math,
@@ -18,7 +26,7 @@ pub enum DomainChoice {
 
 impl DomainChoice {
     /// The wording for `trace`: the fixed one, or `auto`'s rule.
-    pub fn domain_for(self, trace: &Trace) -> Domain {
+    pub(crate) fn domain_for(self, trace: &Trace) -> Domain {
         match self {
             DomainChoice::Auto => auto(trace),
             DomainChoice::Math => Domain::Math,

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 /// A repair turn asks for two short lines; this is plenty, unless the model thinks aloud first.
 const REPAIR_MAX_TOKENS: u32 = 256;
 
-pub struct JudgeEvaluator {
+pub(crate) struct JudgeEvaluator {
     pub(super) name: String,
     pub(super) params: ChatParams,
     pub(super) samples: u32,
@@ -86,7 +86,7 @@ impl Evaluator for JudgeEvaluator {
 
 impl JudgeEvaluator {
     /// The judge's verdict on `job`'s trace.
-    pub async fn judge(&self, job: &Job) -> Result<Judgement, JudgeError> {
+    pub(crate) async fn judge(&self, job: &Job) -> Result<Judgement, JudgeError> {
         let n_steps = job.trace.steps.len();
         let (mode, prompt, mut samples) = loop {
             let mode = self.mode();

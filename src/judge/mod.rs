@@ -7,15 +7,17 @@ pub(crate) mod client;
 mod config;
 mod domain;
 mod evaluator;
-pub mod output;
-pub mod parse;
+mod keys;
+pub(crate) mod output;
+pub(crate) mod parse;
 pub(crate) mod prompt;
 
-pub use crate::upstream::{CallError, CallPolicy};
-pub use config::{JudgeConfig, defaults};
-pub use domain::DomainChoice;
-pub use evaluator::JudgeEvaluator;
-pub use output::{OutputMode, UpstreamKind};
+pub(crate) use crate::upstream::CallError;
+pub use config::JudgeConfig;
+pub(crate) use domain::DomainChoice;
+pub(crate) use evaluator::JudgeEvaluator;
+pub(crate) use output::OutputMode;
+pub(crate) use output::UpstreamKind;
 
 use crate::engine::EngineError;
 use crate::upstream::Endpoint;
@@ -26,7 +28,7 @@ use std::sync::atomic::AtomicBool;
 
 /// Every way judging can fail; `into_engine` gives each its engine error.
 #[derive(Debug, thiserror::Error)]
-pub enum JudgeError {
+pub(crate) enum JudgeError {
     #[error(transparent)]
     Prompt(#[from] PromptError),
     #[error(transparent)]
@@ -40,7 +42,7 @@ impl JudgeError {
     /// Timeouts become DEADLINE_EXCEEDED; every other upstream failure UNAVAILABLE, with the
     /// upstream's status and reason in the message; a trace the prompt can't show is bad input
     /// naming its field.
-    pub fn into_engine(self, judge: &str) -> EngineError {
+    pub(crate) fn into_engine(self, judge: &str) -> EngineError {
         let message = format!("judge {judge:?}: {self}");
         match self {
             JudgeError::Call(e) if e.is_timeout() => EngineError::DeadlineExceeded(message),
@@ -57,7 +59,7 @@ impl JudgeError {
 
 /// Builds a judge from its table: reads the API key from `api_key_env` and template overrides
 /// from `prompts_dir`. Nothing is sent upstream until the first request.
-pub fn load(
+pub(crate) fn load(
     name: &str,
     max_concurrency: usize,
     config: &JudgeConfig,

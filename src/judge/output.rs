@@ -8,6 +8,7 @@
 //! `preserve_order`) writes object keys sorted, and constrained decoders generate properties in
 //! the order the schema lists them.
 
+use super::keys::{ANALYSIS, CATEGORY_NAMES, EARLIEST_ERROR, ERROR_CATEGORY};
 use super::parse::ParseError;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -27,7 +28,7 @@ pub enum OutputMode {
 
 /// The kind of server behind `base_url`: it decides the grammar dialect and the default mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum UpstreamKind {
+pub(crate) enum UpstreamKind {
     /// OpenAI, or any server that takes OpenAI's `response_format` (Gemini, gateways).
     #[default]
     #[serde(rename = "openai")]
@@ -43,14 +44,14 @@ pub enum UpstreamKind {
 /// Which turn a constraint is for: the first reply (review, then verdict) or the repair turn,
 /// which asks for the verdict alone, since the review was already written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Turn {
+pub(crate) enum Turn {
     Reply,
     Repair,
 }
 
 /// `extra_body` keys through which a user already constrains the reply themselves; with any of
 /// them the default mode is text, and a structured mode would conflict.
-pub const CONSTRAINT_KEYS: &[&str] = &[
+pub(crate) const CONSTRAINT_KEYS: &[&str] = &[
     "response_format",
     "json_schema",
     "grammar",
@@ -63,15 +64,8 @@ pub const CONSTRAINT_KEYS: &[&str] = &[
     "regex",
 ];
 
-/// The schema's property names, in the order the model should write them.
-pub const ANALYSIS: &str = "analysis";
-pub const EARLIEST_ERROR: &str = "earliest_error";
-pub const ERROR_CATEGORY: &str = "error_category";
-/// The names a reply may give as its category ("None" only with index -1).
-pub const CATEGORY_NAMES: [&str; 4] = ["Misinterpretation", "Hallucination", "Reasoning", "None"];
-
 impl UpstreamKind {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             UpstreamKind::OpenAi => "openai",
             UpstreamKind::LlamaCpp => "llama.cpp",
@@ -82,7 +76,7 @@ impl UpstreamKind {
 
     /// Every kind takes a JSON schema through `response_format`, OpenAI's form, which vLLM,
     /// SGLang, llama.cpp's server and Gemini's endpoint all read; only these take a grammar.
-    pub fn takes_grammar(self) -> bool {
+    pub(crate) fn takes_grammar(self) -> bool {
         !matches!(self, UpstreamKind::OpenAi)
     }
 }
@@ -90,7 +84,7 @@ impl UpstreamKind {
 impl OutputMode {
     /// The mode a judge gets when its table names none: a JSON schema, which every kind accepts,
     /// unless `extra_body` already constrains the reply (then the user's constraint stands).
-    pub fn default_for(extra_constrains: bool) -> OutputMode {
+    pub(crate) fn default_for(extra_constrains: bool) -> OutputMode {
         if extra_constrains {
             OutputMode::Text
         } else {
@@ -110,7 +104,7 @@ impl OutputMode {
 /// The JSON schema of a verdict on `n_steps` paragraphs. OpenAI's strict mode needs every
 /// property required and no others allowed; the index range and the category names are what
 /// make the reply always readable.
-pub fn schema(n_steps: usize, turn: Turn) -> Value {
+pub(crate) fn schema(n_steps: usize, turn: Turn) -> Value {
     let last = n_steps as i64 - 1;
     let mut properties = Map::new();
     if turn == Turn::Reply {
@@ -136,7 +130,7 @@ pub fn schema(n_steps: usize, turn: Turn) -> Value {
 /// A GBNF grammar for the text shape: review text without `\boxed{` in it, then
 /// `\boxed{index}` with the index in range and the category line (`None` exactly with -1).
 /// GBNF is what llama.cpp reads and what xgrammar (vLLM's and SGLang's default backend) reads.
-pub fn grammar(n_steps: usize, turn: Turn) -> String {
+pub(crate) fn grammar(n_steps: usize, turn: Turn) -> String {
     let indices: Vec<String> = (0..n_steps).map(|i| format!("\"{i}\"")).collect();
     let verdict = if indices.is_empty() {
         "verdict ::= \"-1}\\nCategory: None\"".to_string()
@@ -170,7 +164,7 @@ pub fn grammar(n_steps: usize, turn: Turn) -> String {
 
 /// Adds `mode`'s constraint to a request body, in `upstream`'s dialect. Text adds nothing, and
 /// so does a grammar for an upstream that takes none (config refuses that pairing).
-pub fn constrain(
+pub(crate) fn constrain(
     body: &mut Value,
     mode: OutputMode,
     upstream: UpstreamKind,
@@ -202,7 +196,7 @@ pub fn constrain(
 
 /// The end of the prompt, which `{answer_format}` in a template stands for: what to write and
 /// in what order, review first. Text keeps the wording the judge has always used.
-pub fn answer_format(mode: OutputMode, n_steps: usize) -> String {
+pub(crate) fn answer_format(mode: OutputMode, n_steps: usize) -> String {
     let range = range_words(n_steps);
     match mode {
         OutputMode::Text => "Write your review first. Then finish with exactly these two lines and \
@@ -256,7 +250,7 @@ pub fn repair_prompt(
 }
 
 /// The repair text for a JSON reply that could not be read.
-pub const JSON_REPAIR_PROMPT: &str = "Your reply was not the JSON object asked for. Reply with \
+pub(crate) const JSON_REPAIR_PROMPT: &str = "Your reply was not the JSON object asked for. Reply with \
 only this JSON object and nothing else:\n{\"earliest_error\": <index>, \"error_category\": \
 \"<category>\"}\n<index> is the number of the earliest paragraph with an error, or -1 if every \
 paragraph is correct; <category> is Misinterpretation, Hallucination, Reasoning, or None when the \

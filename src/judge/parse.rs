@@ -43,7 +43,7 @@ pub struct Vote {
 }
 
 /// The repair turn sent after a reply without a readable answer: only the two final lines.
-pub const REPAIR_PROMPT: &str = "Your reply did not end with the answer in the required form. \
+pub(crate) const REPAIR_PROMPT: &str = "Your reply did not end with the answer in the required form. \
 Reply with only these two lines and nothing else:\n\\boxed{<index>}\nCategory: <category>\n\
 <index> is the number of the earliest paragraph with an error, or -1 if every paragraph is correct; \
 <category> is Misinterpretation, Hallucination, Reasoning, or None when the index is -1.";
@@ -72,7 +72,7 @@ pub fn parse_reply(reply: &str, n_steps: usize) -> Result<Parsed, ParseError> {
     verdict(index, n_steps, category)
 }
 
-/// Reads a reply written to `output::schema` (with `analysis` when `with_analysis`, as a first
+/// Reads a reply written to the output modes' schema (`output::schema`) (with `analysis` when `with_analysis`, as a first
 /// reply is; a repair reply has only the verdict): exactly that object, with nothing but
 /// whitespace, a `<think>` block or one Markdown code fence around it. Returns the verdict and
 /// the analysis.
@@ -81,7 +81,7 @@ pub fn parse_json_reply(
     n_steps: usize,
     with_analysis: bool,
 ) -> Result<(Parsed, Option<String>), ParseError> {
-    use super::output::{ANALYSIS, CATEGORY_NAMES, EARLIEST_ERROR, ERROR_CATEGORY};
+    use super::keys::{ANALYSIS, CATEGORY_NAMES, EARLIEST_ERROR, ERROR_CATEGORY};
     if reply.trim().is_empty() {
         return Err(ParseError::Empty);
     }
@@ -132,7 +132,10 @@ pub fn parse_json_reply(
 /// proxy, an older server) dropped `response_format`: read as a text reply. `None` when it looks
 /// like JSON, however broken (cut off, out of schema): reading a boxed index out of a broken
 /// object's analysis would be a guess.
-pub fn parse_ignored_schema(reply: &str, n_steps: usize) -> Option<Result<Parsed, ParseError>> {
+pub(crate) fn parse_ignored_schema(
+    reply: &str,
+    n_steps: usize,
+) -> Option<Result<Parsed, ParseError>> {
     let text = strip_think(reply);
     let text = unfence(text.trim());
     // A fence left open (a reply cut off inside it) still holds JSON.

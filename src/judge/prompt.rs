@@ -7,30 +7,21 @@
 //! which the built-ins end with. A template without it keeps its own wording in every mode. Any
 //! other brace text (`\boxed{<index>}`) is left as written, so templates need no escaping.
 
-use super::domain::DomainChoice;
+use super::domain::{Domain, DomainChoice};
 use crate::trace::Trace;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// What kind of question a template is worded for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Domain {
-    Math,
-    MultipleChoice,
-    /// Open and yes/no questions of world knowledge, commonsense or science (StrategyQA's kind).
-    Open,
-}
-
 /// Whether the judge sees the gold answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mode {
+pub(crate) enum Mode {
     ReferenceFree,
     ReferenceBased,
 }
 
 /// One of the six templates; its file is `prompts/judge/{domain}-{mode}.txt`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TemplateKind {
+pub(crate) struct TemplateKind {
     pub domain: Domain,
     pub mode: Mode,
 }
@@ -49,7 +40,7 @@ pub(crate) struct Templates {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum PromptError {
+pub(crate) enum PromptError {
     #[error("judge template {}: {source}", path.display())]
     Read {
         path: PathBuf,
@@ -84,7 +75,7 @@ pub enum PromptError {
 
 impl PromptError {
     /// The trace's field a rendering error is about, when the trace (not a template) is at fault.
-    pub fn field(&self) -> Option<&'static str> {
+    pub(crate) fn field(&self) -> Option<&'static str> {
         match self {
             PromptError::MissingInput {
                 what: "options", ..
@@ -114,7 +105,7 @@ const OPEN_FREE: &str = include_str!("../../prompts/judge/open-reference-free.tx
 const OPEN_BASED: &str = include_str!("../../prompts/judge/open-reference-based.txt");
 
 impl TemplateKind {
-    pub const ALL: [TemplateKind; 6] = [
+    pub(crate) const ALL: [TemplateKind; 6] = [
         TemplateKind::new(Domain::Math, Mode::ReferenceFree),
         TemplateKind::new(Domain::Math, Mode::ReferenceBased),
         TemplateKind::new(Domain::MultipleChoice, Mode::ReferenceFree),
@@ -123,13 +114,13 @@ impl TemplateKind {
         TemplateKind::new(Domain::Open, Mode::ReferenceBased),
     ];
 
-    pub const fn new(domain: Domain, mode: Mode) -> Self {
+    pub(crate) const fn new(domain: Domain, mode: Mode) -> Self {
         TemplateKind { domain, mode }
     }
 
     /// The kind a trace calls for: the domain `choice` gives it (`auto`: by its shape, see
     /// `domain::auto`), reference-based when it carries a gold answer.
-    pub fn for_trace(trace: &Trace, choice: DomainChoice) -> Self {
+    pub(crate) fn for_trace(trace: &Trace, choice: DomainChoice) -> Self {
         let domain = choice.domain_for(trace);
         let mode = if trace.reference_answer.is_some() {
             Mode::ReferenceBased
@@ -140,7 +131,7 @@ impl TemplateKind {
     }
 
     /// The file stem, also the name used in config and logs: `multiple-choice-reference-free`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match (self.domain, self.mode) {
             (Domain::Math, Mode::ReferenceFree) => "math-reference-free",
             (Domain::Math, Mode::ReferenceBased) => "math-reference-based",
@@ -152,12 +143,12 @@ impl TemplateKind {
     }
 
     #[cfg(test)]
-    pub fn parse(name: &str) -> Option<Self> {
+    pub(crate) fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.name() == name)
     }
 
     /// The placeholders this kind must use; it may use no others.
-    pub fn placeholders(self) -> &'static [&'static str] {
+    pub(crate) fn placeholders(self) -> &'static [&'static str] {
         match (self.domain, self.mode) {
             (Domain::Math | Domain::Open, Mode::ReferenceFree) => &["question", "tagged_steps"],
             (Domain::Math | Domain::Open, Mode::ReferenceBased) => {

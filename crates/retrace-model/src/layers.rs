@@ -2,10 +2,11 @@
 //! safetensors or a GGUF's f32/f16 tensors) or quantized (a GGUF's blocks kept as they are,
 //! multiplied by candle's quantized matmul, which quantizes the activations as llama.cpp does).
 
+use crate::gguf::Gguf;
 use crate::kernels::quantized_matmul;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Module, Result, Tensor};
-use candle_nn::{Embedding, Linear};
+use candle_nn::{Embedding, Linear, VarBuilder};
 use std::sync::Arc;
 
 pub(crate) enum Lin {
@@ -120,6 +121,27 @@ impl Emb {
             Self::Quant { table, .. } => table.embedding(&idx)?.to_dtype(DType::F32),
         }
     }
+}
+
+/// A linear layer whose bias is loaded when the checkpoint has one (or the config says so, in which
+/// case a missing tensor is an error). A GGUF's quantized matrix stays quantized; its bias is f32.
+pub(crate) fn linear(
+    in_dim: usize,
+    out_dim: usize,
+    bias: bool,
+    vb: VarBuilder,
+    quant: Option<&Gguf>,
+) -> Result<Lin> {
+    let bias = bias || vb.contains_tensor("bias");
+    if let Some(w) = quant
+        .map(|g| g.quantized(&format!("{}.weight", vb.prefix()), vb.device()))
+        .transpose()?
+        .flatten()
+    {
+        let b = bias.then(|| vb.get(out_dim, "bias")).transpose()?;
+        return Lin::quant(w, b);
+    }
+    Ok(Lin::Full(candle_nn::linear_b(in_dim, out_dim, bias, vb)?))
 }
 
 #[cfg(test)]

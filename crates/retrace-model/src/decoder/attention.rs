@@ -1,17 +1,17 @@
-//! Attention over the packed stream: the projections and RoPE, the chunk plan that splits each
-//! row's queries into blocks, and the causal (and sliding-window) masks those blocks use; on
-//! CPU f32 the fused kernels (`flash`) take RoPE and the attention itself, the eager path
-//! elsewhere.
+//! Attention over the packed stream: the projections, RoPE (`rope.rs`) and the blocks of the
+//! chunk plan (`chunk.rs`); on CPU f32 the fused kernels (`flash`) take RoPE and the attention
+//! itself, the eager path elsewhere.
 
 use super::QuantSource;
 use super::capture::Capture;
+use super::chunk::{Chunk, Plan};
 use super::flash::{self, Group};
-use super::layer::linear;
 use super::packing::{Seq, Which};
+use super::rope::Angles;
 use crate::config::ModelConfig;
-use crate::kernels::{Heads, Kernels, rope_heads};
-use crate::layers::Lin;
-use candle_core::{D, DType, Device, Module, Result, Tensor};
+use crate::kernels::{Heads, Kernels};
+use crate::layers::{Lin, linear};
+use candle_core::{D, DType, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 
 pub(super) struct Attention {
@@ -27,18 +27,6 @@ pub(super) struct Attention {
     pub(super) kernels: Kernels,
 }
 
-/// cos / sin tables, shape (max_positions, head_dim / 2), in the model dtype.
-pub(super) struct Rope {
-    cos: Tensor,
-    sin: Tensor,
-}
-
-/// The RoPE rows of some tokens, (tokens, head_dim / 2) each, in the tokens' order.
-pub(super) struct Angles {
-    cos: Tensor,
-    sin: Tensor,
-}
-
 /// Query rows of one attention call. `Full`: every stream token of every segment, each
 /// segment's queries in the chunks of its plan for the layer's window (`plans[w][segment]`).
 /// `Gathered`: only the positions a head reads, `xq` (normed) in group order with their own
@@ -50,160 +38,6 @@ pub(super) enum Queries<'a> {
         rope: &'a Angles,
         chunks: &'a [Chunk],
     },
-}
-
-/// How every row splits its queries into chunks for the layers with one sliding window (or
-/// none), with each chunk's mask built once per forward and shared by all those layers.
-pub(super) struct Plan {
-    window: Option<usize>,
-    rows: Vec<Vec<Chunk>>,
-}
-
-/// Queries `start..start + len` (in the row's query stream) over the row's keys at positions
-/// `k_start..k_start + mask's last dim`, with the mask shaped to broadcast over
-/// (1, nkv, group, len, keys). Keys after the chunk are masked for all its queries, and so are
-/// keys before its first query's window: both are left out. `q_pos` holds the queries'
-/// positions (what the fused kernel masks by).
-pub(super) struct Chunk {
-    pub(super) start: usize,
-    len: usize,
-    k_start: usize,
-    mask: Tensor,
-    pub(super) q_pos: Vec<u32>,
-}
-
-impl Rope {
-    pub(super) fn new(cfg: &ModelConfig, dtype: DType, dev: &Device) -> Result<Self> {
-        // Built on the host in f64/f32 whatever the model dtype: bf16 angles are wrong far out.
-        let inv = cfg.rope_inv_freq().map_err(candle_core::Error::wrap)?;
-        let n = cfg.max_position_embeddings;
-        let mut cos = Vec::with_capacity(n * inv.len());
-        let mut sin = Vec::with_capacity(n * inv.len());
-        for p in 0..n {
-            for f in &inv {
-                // transformers computes the angle in f32; keep that rounding, then take cos / sin.
-                let angle = (p as f32 * *f as f32) as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
-        }
-        let shape = (n, inv.len());
-        Ok(Self {
-            cos: Tensor::from_vec(cos, shape, dev)?.to_dtype(dtype)?,
-            sin: Tensor::from_vec(sin, shape, dev)?.to_dtype(dtype)?,
-        })
-    }
-
-    /// Positions the tables cover.
-    pub(super) fn positions(&self) -> Result<usize> {
-        self.cos.dim(0)
-    }
-
-    /// The rows of tokens at positions `pos`, in that order.
-    pub(super) fn at(&self, pos: &[u32], dev: &Device) -> Result<Angles> {
-        let pos = Tensor::from_slice(pos, pos.len(), dev)?;
-        Ok(Angles {
-            cos: self.cos.index_select(&pos, 0)?,
-            sin: self.sin.index_select(&pos, 0)?,
-        })
-    }
-}
-
-impl Angles {
-    /// HF rotate-half RoPE on a projection `x` (tokens, n * hd), scaled by `scale`, split
-    /// into `n` heads: (1, n, tokens, hd).
-    fn apply(&self, x: &Tensor, n: usize, scale: Option<f64>, k: Kernels) -> Result<Tensor> {
-        rope_heads(x, &self.cos, &self.sin, n, scale, k)
-    }
-}
-
-/// Additive f32 mask (R, k_len) for queries at positions `q_pos` (u32, (R,)) over keys at
-/// `k_start..k_start + k_len`: 0 where j <= i and i - j < window, else -inf. Built on the device.
-fn mask(q_pos: &Tensor, k_start: usize, k_len: usize, window: Option<usize>) -> Result<Tensor> {
-    let dev = q_pos.device();
-    // f32 holds positions exactly (< 2^24) and, unlike u32, i - window may go negative.
-    let q = q_pos.to_dtype(DType::F32)?.unsqueeze(1)?;
-    let k = Tensor::arange(k_start as f32, (k_start + k_len) as f32, dev)?.unsqueeze(0)?;
-    let shape = (q.dim(0)?, k_len);
-    let open = Tensor::zeros(shape, DType::F32, dev)?;
-    let shut = Tensor::full(f32::NEG_INFINITY, shape, dev)?;
-    let open = match window {
-        Some(w) => k
-            .broadcast_gt(&(&q - w as f64)?)?
-            .where_cond(&open, &shut)?,
-        None => open,
-    };
-    k.broadcast_le(&q)?.where_cond(&open, &shut)
-}
-
-impl Chunk {
-    /// One group of reads, `positions` (sorted, not empty), as queries `start..` of the
-    /// gathered rows: over the keys up to the last of them, from the first one's window on.
-    pub(super) fn at_reads(
-        positions: &[usize],
-        start: usize,
-        window: Option<usize>,
-        dev: &Device,
-    ) -> Result<Self> {
-        let (Some(&lo), Some(&hi)) = (positions.first(), positions.last()) else {
-            candle_core::bail!("a read group with no position")
-        };
-        let k_start = window.map_or(0, |w| (lo + 1).saturating_sub(w));
-        let qp: Vec<u32> = positions.iter().map(|p| *p as u32).collect();
-        let qt = Tensor::from_vec(qp.clone(), qp.len(), dev)?;
-        let m = mask(&qt, k_start, hi + 1 - k_start, window)?.reshape((1, 1, 1, qp.len(), ()))?;
-        Ok(Self {
-            start,
-            len: qp.len(),
-            k_start,
-            mask: m,
-            q_pos: qp,
-        })
-    }
-}
-
-impl Plan {
-    pub(super) fn new(
-        seqs: &[Seq],
-        (budget, block): (usize, usize),
-        n_heads: usize,
-        window: Option<usize>,
-        dev: &Device,
-    ) -> Result<Self> {
-        let rows = seqs
-            .iter()
-            .map(|seq| {
-                let (l, p0) = (seq.len, seq.pos0);
-                // Rows are attended one at a time, so the budget is per row.
-                let chunk = (budget / (4 * n_heads * (p0 + l).max(1))).clamp(1, block);
-                (0..l)
-                    .step_by(chunk)
-                    .map(|start| {
-                        let len = chunk.min(l - start);
-                        let first = p0 + start;
-                        let k_start = window.map_or(0, |w| (first + 1).saturating_sub(w));
-                        let q_pos: Vec<u32> = (first as u32..(first + len) as u32).collect();
-                        let qt = Tensor::from_slice(&q_pos, len, dev)?;
-                        let mask = mask(&qt, k_start, first + len - k_start, window)?;
-                        let mask = mask.reshape((1, 1, 1, len, ()))?;
-                        Ok(Chunk {
-                            start,
-                            len,
-                            k_start,
-                            mask,
-                            q_pos,
-                        })
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Self { window, rows })
-    }
-
-    /// The window of the layers this plan is for.
-    pub(super) fn window(&self) -> Option<usize> {
-        self.window
-    }
 }
 
 impl Attention {

@@ -2,7 +2,7 @@
 //! of the kernel's query groups, and keys and values are read in place, run by run, from the
 //! stream's tensors and the prefix cache's: nothing is concatenated, masked or repeated.
 
-use super::attention::Chunk;
+use super::chunk::Chunk;
 use super::packing::{Run, Seq, Src};
 use crate::kernels::{self, Heads, KvRun, QueryGroup};
 use crate::prefix_cache::Kv;

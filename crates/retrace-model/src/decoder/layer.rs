@@ -4,13 +4,15 @@
 //! yet added (`Residual`): the next layer's norm adds it in the same pass (`add_rms_norm`).
 
 use super::QuantSource;
-use super::attention::{Angles, Attention, Plan, Queries};
+use super::attention::{Attention, Queries};
 use super::capture::Capture;
+use super::chunk::Plan;
 use super::packing::Seq;
 use super::reads::ReadOut;
+use super::rope::Angles;
 use crate::config::ModelConfig;
 use crate::kernels::{Kernels, add_rms_norm, silu_mul, silu_mul_joined};
-use crate::layers::Lin;
+use crate::layers::{Lin, linear};
 use candle_core::{D, Module, Result, Tensor};
 use candle_nn::{Linear, RmsNorm, VarBuilder};
 
@@ -56,27 +58,6 @@ struct Mlp {
     gate_proj: Lin,
     up_proj: Lin,
     down_proj: Lin,
-}
-
-/// A linear layer whose bias is loaded when the checkpoint has one (or the config says so, in which
-/// case a missing tensor is an error). A GGUF's quantized matrix stays quantized; its bias is f32.
-pub(super) fn linear(
-    in_dim: usize,
-    out_dim: usize,
-    bias: bool,
-    vb: VarBuilder,
-    quant: QuantSource,
-) -> Result<Lin> {
-    let bias = bias || vb.contains_tensor("bias");
-    if let Some(w) = quant
-        .map(|g| g.quantized(&format!("{}.weight", vb.prefix()), vb.device()))
-        .transpose()?
-        .flatten()
-    {
-        let b = bias.then(|| vb.get(out_dim, "bias")).transpose()?;
-        return Lin::quant(w, b);
-    }
-    Ok(Lin::Full(candle_nn::linear_b(in_dim, out_dim, bias, vb)?))
 }
 
 impl Mlp {

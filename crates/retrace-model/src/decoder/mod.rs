@@ -17,10 +17,12 @@
 
 mod attention;
 mod capture;
+mod chunk;
 mod flash;
 mod layer;
 mod packing;
 mod reads;
+mod rope;
 mod stream;
 
 use crate::config::ModelConfig;
@@ -29,12 +31,13 @@ use crate::kernels::Kernels;
 use crate::layers::Emb;
 use crate::plan::{self, Layout};
 use crate::prefix_cache::{Hit, Kv};
-use attention::{Angles, Plan, Rope};
 use candle_core::{Device, Module, Result, Tensor};
 use candle_nn::{RmsNorm, VarBuilder};
 use capture::{Capture, Taps};
+use chunk::Plan;
 use layer::{Layer, Residual};
 use reads::{ReadOut, Reads};
+use rope::{Angles, Rope};
 use stream::Stream;
 
 /// Bytes of f32 attention scores one query chunk may take; longer inputs are split into chunks

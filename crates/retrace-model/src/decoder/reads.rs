@@ -3,8 +3,9 @@
 //! read is computed once), the last layer's queries at them, and the way back to the order the
 //! rows asked for.
 
-use super::attention::{Angles, Chunk, Rope};
+use super::chunk::Chunk;
 use super::packing::Seq;
+use super::rope::{Angles, Rope};
 use super::stream::cached_runs;
 use crate::plan::Layout;
 use crate::prefix_cache::Hit;
