@@ -45,7 +45,7 @@ impl FieldPath {
         joined
     }
 
-    pub fn is_root(&self) -> bool {
+    pub(crate) fn is_root(&self) -> bool {
         self.0.is_empty()
     }
 }

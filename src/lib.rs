@@ -42,38 +42,76 @@
 //!   model's threads below the runtime's).
 //! - `fuzzing` (hidden): the private parsers opened to `fuzz/` and `tests/it/fuzz_props/`.
 //!
+//! Every module is private: the crate root re-exports the face the tools, the tests and the fuzz
+//! targets use (the trace types, configs, the engine and its `Evaluator` seam, the PRM scorer and
+//! formats, the feature extractor, the gRPC messages as `pb`), and nothing else.
+//!
 //! A request takes three hops: api -> engine -> evaluator. `run` is the whole server; `serve`
 //! wires its pieces: the metrics listener, the gRPC router, the HTTP router, health, and the drain
 //! on shutdown.
 
-pub mod api;
+// No unsafe code of the server's own: the model crate holds the documented blocks.
+#![forbid(unsafe_code)]
+
+mod api;
 mod cascade;
 mod composite;
-pub mod config;
-pub mod engine;
-pub mod env;
-pub mod field;
-pub mod health;
-pub mod judge;
-pub mod metrics;
+mod config;
+mod engine;
+mod env;
+mod field;
+mod health;
+mod judge;
+mod metrics;
 mod priority;
-pub mod prm;
-pub mod rule;
-pub mod segment;
-pub mod trace;
-pub mod upstream;
+mod prm;
+mod rule;
+mod segment;
+mod trace;
+mod upstream;
+
+// The library's face: exactly what the tools, the tests and the fuzz targets name. Everything
+// else is the server's own, so `unreachable_pub` and dead-code lints see all of it.
+pub use api::{TraceParts, category_from_pb, pb, to_status};
+pub use cascade::CascadeConfig;
+pub use composite::CompositeConfig;
+pub use config::{Config, ConfigError, EvaluatorConfig, KindConfig, ServerConfig, ServerFlags};
+pub use engine::{Description, Engine, EngineError, Evaluator, Job, Limit, Origin, Request};
+pub use env::{Env, Secret};
+pub use field::FieldPath;
+pub use health::evaluator_service;
+pub use judge::JudgeConfig;
+pub use metrics::{Activity, PREFIX_TOKENS, activity, install as install_metrics};
+pub use prm::features::{ExtractError, Extractor, TraceFeatures};
+pub use prm::format::{
+    CHAT_LM_INSTRUCTION, Encoded, Family, FormatError, Formatter, LoadError, TemplateError,
+    TokenizeError, question_text,
+};
+pub use prm::{
+    Backend, BatchError, CandleConfig, DeviceSpec, Dtype, Limits, PrmConfig, PrmError,
+    PrmEvaluator, ScoreError, Scorer, VllmConfig, resolve_model,
+};
+pub use segment::segment;
+pub use trace::{ErrorCategory, Judgement, Step, Trace, UNLOCATED, Verdict};
+pub use upstream::{SetupError, UpstreamConfig, http_client};
+
+/// The PRM defaults a tool shows as its own (`retrace bench`'s cache size).
+pub mod defaults {
+    pub use crate::prm::defaults::PREFIX_CACHE_MB;
+}
 
 #[doc(hidden)]
 pub mod fuzzing {
     //! Pure parsers the product keeps private, opened for the fuzz targets in `fuzz/` and the
-    //! property tests in `tests/fuzz_props/`; not an API.
+    //! property tests in `tests/it/fuzz_props/`; not an API.
     pub use crate::api::convert::{EvaluateInput, RankInput, parse_evaluate, parse_rank};
+    pub use crate::judge::output::{OutputMode, refuses_constraint, repair_prompt};
+    pub use crate::judge::parse::{ParseError, Parsed, Vote, parse_json_reply, parse_reply, vote};
     pub use crate::segment::segment;
 }
 
-use crate::api::{BearerAuth, EvaluatorService, Readable, pb};
-use crate::config::{Config, ConfigError, EvaluatorConfig, KindConfig};
-use crate::engine::{Engine, EngineError, Evaluator, LoadByName, Loaded};
+use crate::api::{BearerAuth, EvaluatorService, Readable};
+use crate::engine::{LoadByName, Loaded};
 use crate::health::Health;
 use std::future::Future;
 use std::sync::Arc;

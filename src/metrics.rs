@@ -8,49 +8,51 @@ use std::time::Duration;
 
 mod reward;
 mod upstream;
-pub use reward::{REWARD_ROUTES, REWARD_STATUSES, record_reward_sample, reward_samples_at_zero};
-pub use upstream::{JUDGE_UPSTREAM, PRM_UPSTREAM, UpstreamMetrics};
+#[cfg(test)]
+pub(crate) use reward::{REWARD_ROUTES, REWARD_STATUSES};
+pub(crate) use reward::{record_reward_sample, reward_samples_at_zero};
+pub(crate) use upstream::{JUDGE_UPSTREAM, PRM_UPSTREAM, UpstreamMetrics};
 
-pub const REQUESTS: &str = "retrace_requests_total";
-pub const REQUEST_DURATION: &str = "retrace_request_duration_seconds";
-pub const STAGE_DURATION: &str = "retrace_stage_duration_seconds";
-pub const IN_FLIGHT: &str = "retrace_in_flight_requests";
-pub const MAX_IN_FLIGHT: &str = "retrace_max_in_flight";
-pub const QUEUE_DEPTH: &str = "retrace_queue_depth";
-pub const PACE: &str = "retrace_evaluator_pace_bytes_per_second";
-pub const EVALUATOR_READY: &str = "retrace_evaluator_ready";
-pub const STEPS_SCORED: &str = "retrace_steps_scored_total";
-pub const BATCH_SIZE: &str = "retrace_batch_size";
-pub const BATCH_TOKENS: &str = "retrace_batch_tokens";
-pub const TOKENS_SCORED: &str = "retrace_tokens_scored_total";
-pub const MODEL_LOAD: &str = "retrace_model_load_seconds";
+pub(crate) const REQUESTS: &str = "retrace_requests_total";
+pub(crate) const REQUEST_DURATION: &str = "retrace_request_duration_seconds";
+pub(crate) const STAGE_DURATION: &str = "retrace_stage_duration_seconds";
+pub(crate) const IN_FLIGHT: &str = "retrace_in_flight_requests";
+pub(crate) const MAX_IN_FLIGHT: &str = "retrace_max_in_flight";
+pub(crate) const QUEUE_DEPTH: &str = "retrace_queue_depth";
+pub(crate) const PACE: &str = "retrace_evaluator_pace_bytes_per_second";
+pub(crate) const EVALUATOR_READY: &str = "retrace_evaluator_ready";
+pub(crate) const STEPS_SCORED: &str = "retrace_steps_scored_total";
+pub(crate) const BATCH_SIZE: &str = "retrace_batch_size";
+pub(crate) const BATCH_TOKENS: &str = "retrace_batch_tokens";
+pub(crate) const TOKENS_SCORED: &str = "retrace_tokens_scored_total";
+pub(crate) const MODEL_LOAD: &str = "retrace_model_load_seconds";
 pub const PREFIX_TOKENS: &str = "retrace_prefix_tokens_total";
-pub const PREFIX_CACHE_BYTES: &str = "retrace_prefix_cache_bytes";
-pub const PREFIX_CACHE_EVICTIONS: &str = "retrace_prefix_cache_evictions_total";
-pub const DROPPED: &str = "retrace_dropped_total";
-pub const REWARD_SAMPLES: &str = "retrace_reward_samples_total";
-pub const UNAUTHENTICATED: &str = "retrace_unauthenticated_total";
-pub const JUDGE_REQUESTS: &str = "retrace_judge_requests_total";
-pub const JUDGE_REQUEST_DURATION: &str = "retrace_judge_request_duration_seconds";
-pub const JUDGE_IN_FLIGHT: &str = "retrace_judge_in_flight_requests";
-pub const JUDGE_RETRIES: &str = "retrace_judge_retries_total";
-pub const JUDGE_TOKENS: &str = "retrace_judge_tokens_total";
-pub const JUDGE_CACHE: &str = "retrace_judge_cache_total";
-pub const JUDGE_REPAIRS: &str = "retrace_judge_repairs_total";
-pub const JUDGE_SCHEMA_IGNORED: &str = "retrace_judge_schema_ignored_total";
-pub const JUDGE_DISAGREEMENT: &str = "retrace_judge_vote_disagreements_total";
-pub const JUDGE_BREAKER_OPENED: &str = "retrace_judge_breaker_opened_total";
-pub const JUDGE_BREAKER_STATE: &str = "retrace_judge_breaker_state";
-pub const JUDGE_CACHE_BYTES: &str = "retrace_judge_cache_bytes";
-pub const JUDGE_CACHE_ENTRIES: &str = "retrace_judge_cache_entries";
-pub const CASCADE_PATHS: &str = "retrace_cascade_total";
-pub const PRM_UPSTREAM_REQUESTS: &str = "retrace_prm_upstream_requests_total";
-pub const PRM_UPSTREAM_DURATION: &str = "retrace_prm_upstream_request_duration_seconds";
-pub const PRM_UPSTREAM_IN_FLIGHT: &str = "retrace_prm_upstream_in_flight_requests";
-pub const PRM_UPSTREAM_RETRIES: &str = "retrace_prm_upstream_retries_total";
-pub const PRM_UPSTREAM_BREAKER_OPENED: &str = "retrace_prm_upstream_breaker_opened_total";
-pub const PRM_UPSTREAM_BREAKER_STATE: &str = "retrace_prm_upstream_breaker_state";
-pub const PRM_UPSTREAM_INEXACT: &str = "retrace_prm_upstream_inexact_scores_total";
+pub(crate) const PREFIX_CACHE_BYTES: &str = "retrace_prefix_cache_bytes";
+pub(crate) const PREFIX_CACHE_EVICTIONS: &str = "retrace_prefix_cache_evictions_total";
+pub(crate) const DROPPED: &str = "retrace_dropped_total";
+pub(crate) const REWARD_SAMPLES: &str = "retrace_reward_samples_total";
+pub(crate) const UNAUTHENTICATED: &str = "retrace_unauthenticated_total";
+pub(crate) const JUDGE_REQUESTS: &str = "retrace_judge_requests_total";
+pub(crate) const JUDGE_REQUEST_DURATION: &str = "retrace_judge_request_duration_seconds";
+pub(crate) const JUDGE_IN_FLIGHT: &str = "retrace_judge_in_flight_requests";
+pub(crate) const JUDGE_RETRIES: &str = "retrace_judge_retries_total";
+pub(crate) const JUDGE_TOKENS: &str = "retrace_judge_tokens_total";
+pub(crate) const JUDGE_CACHE: &str = "retrace_judge_cache_total";
+pub(crate) const JUDGE_REPAIRS: &str = "retrace_judge_repairs_total";
+pub(crate) const JUDGE_SCHEMA_IGNORED: &str = "retrace_judge_schema_ignored_total";
+pub(crate) const JUDGE_DISAGREEMENT: &str = "retrace_judge_vote_disagreements_total";
+pub(crate) const JUDGE_BREAKER_OPENED: &str = "retrace_judge_breaker_opened_total";
+pub(crate) const JUDGE_BREAKER_STATE: &str = "retrace_judge_breaker_state";
+pub(crate) const JUDGE_CACHE_BYTES: &str = "retrace_judge_cache_bytes";
+pub(crate) const JUDGE_CACHE_ENTRIES: &str = "retrace_judge_cache_entries";
+pub(crate) const CASCADE_PATHS: &str = "retrace_cascade_total";
+pub(crate) const PRM_UPSTREAM_REQUESTS: &str = "retrace_prm_upstream_requests_total";
+pub(crate) const PRM_UPSTREAM_DURATION: &str = "retrace_prm_upstream_request_duration_seconds";
+pub(crate) const PRM_UPSTREAM_IN_FLIGHT: &str = "retrace_prm_upstream_in_flight_requests";
+pub(crate) const PRM_UPSTREAM_RETRIES: &str = "retrace_prm_upstream_retries_total";
+pub(crate) const PRM_UPSTREAM_BREAKER_OPENED: &str = "retrace_prm_upstream_breaker_opened_total";
+pub(crate) const PRM_UPSTREAM_BREAKER_STATE: &str = "retrace_prm_upstream_breaker_state";
+pub(crate) const PRM_UPSTREAM_INEXACT: &str = "retrace_prm_upstream_inexact_scores_total";
 
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -62,7 +64,7 @@ const BATCH_TOKENS_BUCKETS: &[f64] = &[
 
 /// Pipeline stages timed by `STAGE_DURATION`.
 #[derive(Debug, Clone, Copy)]
-pub enum Stage {
+pub(crate) enum Stage {
     Queue,
     Tokenize,
     Inference,
@@ -348,7 +350,7 @@ fn describe() {
     }
 }
 
-pub fn record_request(
+pub(crate) fn record_request(
     rpc: &'static str,
     evaluator: &str,
     outcome: &'static str,
@@ -362,12 +364,12 @@ pub fn record_request(
     ACTIVITY_FINISHED.fetch_add(1, Ordering::Relaxed);
 }
 
-pub fn record_stage(evaluator: &str, stage: Stage, elapsed: Duration) {
+pub(crate) fn record_stage(evaluator: &str, stage: Stage, elapsed: Duration) {
     histogram!(STAGE_DURATION, "evaluator" => evaluator.to_string(), "stage" => stage.as_str())
         .record(elapsed.as_secs_f64());
 }
 
-pub fn in_flight(delta: f64) {
+pub(crate) fn in_flight(delta: f64) {
     gauge!(IN_FLIGHT).increment(delta);
     // Request counts are whole numbers; the f64 is the gauge's type.
     ACTIVITY_IN_FLIGHT.fetch_add(delta as i64, Ordering::Relaxed);
@@ -393,19 +395,19 @@ pub fn activity() -> Activity {
     }
 }
 
-pub fn set_max_in_flight(max: usize) {
+pub(crate) fn set_max_in_flight(max: usize) {
     gauge!(MAX_IN_FLIGHT).set(max as f64);
 }
 
-pub fn queue_depth(evaluator: &str, delta: f64) {
+pub(crate) fn queue_depth(evaluator: &str, delta: f64) {
     gauge!(QUEUE_DEPTH, "evaluator" => evaluator.to_string()).increment(delta);
 }
 
-pub fn set_pace(evaluator: &str, bytes_per_second: f64) {
+pub(crate) fn set_pace(evaluator: &str, bytes_per_second: f64) {
     gauge!(PACE, "evaluator" => evaluator.to_string()).set(bytes_per_second);
 }
 
-pub fn set_ready(evaluator: &str, ready: bool) {
+pub(crate) fn set_ready(evaluator: &str, ready: bool) {
     gauge!(EVALUATOR_READY, "evaluator" => evaluator.to_string()).set(if ready {
         1.0
     } else {
@@ -413,12 +415,12 @@ pub fn set_ready(evaluator: &str, ready: bool) {
     });
 }
 
-pub fn record_steps(evaluator: &str, steps: usize) {
+pub(crate) fn record_steps(evaluator: &str, steps: usize) {
     counter!(STEPS_SCORED, "evaluator" => evaluator.to_string()).increment(steps as u64);
 }
 
 /// One forward pass: its traces and tokens (packed, so every token is real).
-pub fn record_batch(evaluator: &str, traces: usize, tokens: usize) {
+pub(crate) fn record_batch(evaluator: &str, traces: usize, tokens: usize) {
     let e = evaluator.to_string();
     histogram!(BATCH_SIZE, "evaluator" => e.clone()).record(traces as f64);
     histogram!(BATCH_TOKENS, "evaluator" => e.clone()).record(tokens as f64);
@@ -426,7 +428,7 @@ pub fn record_batch(evaluator: &str, traces: usize, tokens: usize) {
 }
 
 /// Tokens a batch computed and reused.
-pub fn record_prefix_tokens(evaluator: &str, computed: usize, reused: usize) {
+pub(crate) fn record_prefix_tokens(evaluator: &str, computed: usize, reused: usize) {
     let e = evaluator.to_string();
     counter!(PREFIX_TOKENS, "evaluator" => e.clone(), "kind" => "computed")
         .increment(computed as u64);
@@ -434,65 +436,65 @@ pub fn record_prefix_tokens(evaluator: &str, computed: usize, reused: usize) {
 }
 
 /// The prefix cache's size and its evictions so far.
-pub fn set_prefix_cache(evaluator: &str, bytes: usize, evictions: u64) {
+pub(crate) fn set_prefix_cache(evaluator: &str, bytes: usize, evictions: u64) {
     let e = evaluator.to_string();
     gauge!(PREFIX_CACHE_BYTES, "evaluator" => e.clone()).set(bytes as f64);
     counter!(PREFIX_CACHE_EVICTIONS, "evaluator" => e).absolute(evictions);
 }
 
-pub fn record_model_load(evaluator: &str, elapsed: Duration) {
+pub(crate) fn record_model_load(evaluator: &str, elapsed: Duration) {
     gauge!(MODEL_LOAD, "evaluator" => evaluator.to_string()).set(elapsed.as_secs_f64());
 }
 
-pub fn record_dropped(evaluator: &str, reason: &'static str) {
+pub(crate) fn record_dropped(evaluator: &str, reason: &'static str) {
     counter!(DROPPED, "evaluator" => evaluator.to_string(), "reason" => reason).increment(1);
 }
 
-pub fn record_unauthenticated() {
+pub(crate) fn record_unauthenticated() {
     counter!(UNAUTHENTICATED).increment(1);
 }
 
 /// One judge outcome: a reply read, a failed exchange, or a refusal by the breaker.
-pub fn record_judge_request(judge: &str, outcome: &'static str) {
+pub(crate) fn record_judge_request(judge: &str, outcome: &'static str) {
     counter!(JUDGE_REQUESTS, "judge" => judge.to_string(), "outcome" => outcome).increment(1);
 }
 
-pub fn record_prm_inexact(evaluator: &str, steps: u64) {
+pub(crate) fn record_prm_inexact(evaluator: &str, steps: u64) {
     counter!(PRM_UPSTREAM_INEXACT, "evaluator" => evaluator.to_string()).increment(steps);
 }
 
-pub fn record_judge_tokens(judge: &str, prompt: u64, completion: u64) {
+pub(crate) fn record_judge_tokens(judge: &str, prompt: u64, completion: u64) {
     let judge = judge.to_string();
     counter!(JUDGE_TOKENS, "judge" => judge.clone(), "kind" => "prompt").increment(prompt);
     counter!(JUDGE_TOKENS, "judge" => judge, "kind" => "completion").increment(completion);
 }
 
-pub fn record_judge_cache(judge: &str, hit: bool) {
+pub(crate) fn record_judge_cache(judge: &str, hit: bool) {
     let result = if hit { "hit" } else { "miss" };
     counter!(JUDGE_CACHE, "judge" => judge.to_string(), "result" => result).increment(1);
 }
 
 /// What a judge's response cache holds now.
-pub fn set_judge_cache(judge: &str, bytes: usize, entries: usize) {
+pub(crate) fn set_judge_cache(judge: &str, bytes: usize, entries: usize) {
     let judge = judge.to_string();
     gauge!(JUDGE_CACHE_BYTES, "judge" => judge.clone()).set(bytes as f64);
     gauge!(JUDGE_CACHE_ENTRIES, "judge" => judge).set(entries as f64);
 }
 
 /// `n` replies asked for under a JSON schema came back as text and were read as text.
-pub fn record_judge_schema_ignored(judge: &str, n: u64) {
+pub(crate) fn record_judge_schema_ignored(judge: &str, n: u64) {
     counter!(JUDGE_SCHEMA_IGNORED, "judge" => judge.to_string()).increment(n);
 }
 
-pub fn record_judge_repair(judge: &str, repaired: bool) {
+pub(crate) fn record_judge_repair(judge: &str, repaired: bool) {
     let result = if repaired { "repaired" } else { "failed" };
     counter!(JUDGE_REPAIRS, "judge" => judge.to_string(), "result" => result).increment(1);
 }
 
-pub fn record_judge_disagreement(judge: &str) {
+pub(crate) fn record_judge_disagreement(judge: &str) {
     counter!(JUDGE_DISAGREEMENT, "judge" => judge.to_string()).increment(1);
 }
 
-pub fn record_cascade(cascade: &str, path: &'static str) {
+pub(crate) fn record_cascade(cascade: &str, path: &'static str) {
     counter!(CASCADE_PATHS, "cascade" => cascade.to_string(), "path" => path).increment(1);
 }

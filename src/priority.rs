@@ -23,18 +23,11 @@ pub(crate) fn lower_compute_pool() {
 
 /// Lowers the calling thread's priority (a model thread's, at its start).
 pub(crate) fn lower_this_thread() {
+    // On Linux PRIO_PROCESS with a thread id sets that one thread's nice value, and raising
+    // one's own nice needs no privilege.
     #[cfg(target_os = "linux")]
-    {
-        // SAFETY: gettid and setpriority take no pointers; on Linux PRIO_PROCESS with a thread
-        // id sets that one thread's nice value, and raising one's own nice needs no privilege.
-        let failed = unsafe {
-            let tid = libc::gettid();
-            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, NICE) != 0
-        };
-        if failed {
-            let e = std::io::Error::last_os_error();
-            tracing::warn!(error = %e, "could not lower a model thread's priority");
-        }
+    if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), NICE) {
+        tracing::warn!(error = %e, "could not lower a model thread's priority");
     }
 }
 

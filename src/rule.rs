@@ -7,9 +7,9 @@
 pub struct Refused(pub String);
 
 /// Refuses with `message`.
-pub fn refuse<T>(message: impl Into<String>) -> Result<T, Refused> {
+pub(crate) fn refuse<T>(message: impl Into<String>) -> Result<T, Refused> {
     Err(Refused(message.into()))
 }
 
 /// Longest a configured timeout or cooldown may be, one hour.
-pub const MAX_SECONDS: f64 = 3600.0;
+pub(crate) const MAX_SECONDS: f64 = 3600.0;

@@ -95,7 +95,7 @@ impl DecisionPath {
 /// How a trace's reward is computed from its step scores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Aggregate {
+pub(crate) enum Aggregate {
     #[default]
     Min,
     Product,
@@ -169,7 +169,7 @@ impl Trace {
     }
 
     /// Bytes of question, options, reference and steps together: what the size limit counts.
-    pub fn byte_len(&self) -> usize {
+    pub(crate) fn byte_len(&self) -> usize {
         self.question.len()
             + self.options.iter().map(String::len).sum::<usize>()
             + self.reference_answer.as_deref().map_or(0, str::len)
@@ -206,7 +206,7 @@ impl Judgement {
 
     /// An outcome reward model's judgement: no step scores, the trace holds when
     /// sigmoid(`score`) reaches `threshold` (a raw reward of 0 is the midpoint, 0.5).
-    pub fn from_outcome(score: f32, threshold: f32) -> Self {
+    pub(crate) fn from_outcome(score: f32, threshold: f32) -> Self {
         let outcome = Outcome::new(score, threshold);
         let mut j = Judgement::from_scores(Vec::new(), threshold);
         j.category = if outcome.holds {
@@ -248,7 +248,7 @@ impl Outcome {
 impl Aggregate {
     /// The trace's reward. An empty list scores 1.0 (nothing is wrong), though traces always
     /// have at least one step.
-    pub fn apply(self, scores: &[f32]) -> f32 {
+    pub(crate) fn apply(self, scores: &[f32]) -> f32 {
         if scores.is_empty() {
             return 1.0;
         }
@@ -260,7 +260,7 @@ impl Aggregate {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Aggregate::Min => "min",
             Aggregate::Product => "product",

@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use retrace::eval::{Record, records_from_bytes};
-use retrace::trace::ErrorCategory;
+use retrace_cli::{Record, records_from_bytes};
+use retrace::ErrorCategory;
 use std::path::Path;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,9 +3,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use retrace::judge::output::{OutputMode, refuses_constraint, repair_prompt};
-use retrace::judge::parse::{ParseError, Parsed, parse_json_reply, parse_reply, vote};
-use retrace::trace::ErrorCategory;
+use retrace::fuzzing::{OutputMode, refuses_constraint, repair_prompt};
+use retrace::fuzzing::{ParseError, Parsed, parse_json_reply, parse_reply, vote};
+use retrace::ErrorCategory;
 
 fuzz_target!(|data: &[u8]| {
     // The first byte is the trace's step count (and, for JSON, whether analysis is expected).

@@ -4,10 +4,10 @@
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use retrace::api::{pb, to_status};
-use retrace::engine::EngineError;
+use retrace::{pb, to_status};
+use retrace::EngineError;
 use retrace::fuzzing::{parse_evaluate, parse_rank};
-use retrace::trace::Trace;
+use retrace::Trace;
 
 fuzz_target!(|data: &[u8]| {
     // The first byte picks the message type.

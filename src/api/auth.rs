@@ -9,14 +9,14 @@ use tonic::{Request, Status, service::Interceptor};
 /// Accepts a request whose `authorization` is `Bearer <token>` for a configured token; with no
 /// tokens configured, accepts everything.
 #[derive(Clone)]
-pub struct BearerAuth {
+pub(crate) struct BearerAuth {
     /// The accepted tokens' digests, computed once when the server starts; the tokens
     /// themselves are not kept.
     digests: std::sync::Arc<Vec<[u8; 32]>>,
 }
 
 impl BearerAuth {
-    pub fn new(tokens: Vec<Secret>) -> Self {
+    pub(crate) fn new(tokens: Vec<Secret>) -> Self {
         let digests = tokens.iter().map(|t| digest(t.0.as_bytes())).collect();
         BearerAuth {
             digests: std::sync::Arc::new(digests),
@@ -43,7 +43,7 @@ fn digest(token: &[u8]) -> [u8; 32] {
 
 impl BearerAuth {
     /// Checks an `authorization` value (gRPC metadata or HTTP header); the error says why.
-    pub fn check(&self, authorization: Option<&str>) -> Result<(), &'static str> {
+    pub(crate) fn check(&self, authorization: Option<&str>) -> Result<(), &'static str> {
         if self.digests.is_empty() {
             return Ok(());
         }

@@ -71,7 +71,7 @@ impl Arrival {
 /// The layer (`Server::layer`): wraps the whole router, so it is called before tonic sets its
 /// timer.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Deadlines;
+pub(crate) struct Deadlines;
 
 impl<S> tower_layer::Layer<S> for Deadlines {
     type Service = WithDeadline<S>;
@@ -83,7 +83,7 @@ impl<S> tower_layer::Layer<S> for Deadlines {
 
 /// A service whose calls end with DEADLINE_EXCEEDED when their caller's deadline passes.
 #[derive(Clone, Debug)]
-pub struct WithDeadline<S>(S);
+pub(crate) struct WithDeadline<S>(S);
 
 impl<S, B> Service<http::Request<B>> for WithDeadline<S>
 where

@@ -6,16 +6,17 @@ mod codec;
 mod connection;
 pub(crate) mod convert;
 mod deadline;
-pub mod http;
+pub(crate) mod http;
 mod status;
 mod unreadable;
 
-pub use auth::BearerAuth;
+pub(crate) use auth::BearerAuth;
 pub(crate) use connection::incoming;
 pub use convert::{TraceParts, category_from_pb};
-pub use deadline::{Deadlines, WithDeadline};
-pub use status::{outcome, to_status};
-pub use unreadable::Readable;
+pub(crate) use deadline::Deadlines;
+pub(crate) use status::outcome;
+pub use status::to_status;
+pub(crate) use unreadable::Readable;
 
 use crate::engine::{Engine, EngineError, Origin, Request as EngineRequest};
 use crate::field::FieldPath;
@@ -37,7 +38,7 @@ pub mod pb {
     // proto3's JSON mapping (serde) for the HTTP edge.
     include!(concat!(env!("OUT_DIR"), "/retrace.v1.serde.rs"));
     /// Encoded descriptors of retrace.v1, for reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] =
+    pub(crate) const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/retrace_descriptor.bin"));
 }
 
@@ -48,16 +49,16 @@ const STREAM_BUFFER: usize = 64;
 const STREAM_MAX_OPEN: usize = 1024;
 
 /// The retrace.v1.Evaluator service over an engine.
-pub struct EvaluatorService {
+pub(crate) struct EvaluatorService {
     engine: Arc<Engine>,
 }
 
 impl EvaluatorService {
-    pub fn new(engine: Arc<Engine>) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>) -> Self {
         EvaluatorService { engine }
     }
 
-    pub fn into_server(self) -> pb::evaluator_server::EvaluatorServer<Self> {
+    pub(crate) fn into_server(self) -> pb::evaluator_server::EvaluatorServer<Self> {
         pb::evaluator_server::EvaluatorServer::new(self)
     }
 }

@@ -68,7 +68,7 @@ pub(super) fn code_name(code: Code) -> &'static str {
 }
 
 /// The `outcome` label for a request's result: a bounded set of snake_case code names.
-pub fn outcome(code: Code) -> &'static str {
+pub(crate) fn outcome(code: Code) -> &'static str {
     match code {
         Code::Ok => "ok",
         Code::InvalidArgument => "invalid_argument",

@@ -60,7 +60,7 @@ fn bytes(n: u64) -> String {
 /// (`reason`) becomes INVALID_ARGUMENT `request: ...`, counted in `retrace_requests_total` under
 /// the RPC with evaluator `unknown` (the handler, which counts the rest, never ran).
 #[derive(Clone)]
-pub struct Readable<S>(pub S);
+pub(crate) struct Readable<S>(pub S);
 
 impl<S: NamedService> NamedService for Readable<S> {
     const NAME: &'static str = S::NAME;

@@ -21,7 +21,7 @@ pub struct EvaluatorConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threshold: Option<f32>,
     #[serde(default)]
-    pub aggregate: Aggregate,
+    pub(crate) aggregate: Aggregate,
     /// Limits on a trace's size; the server's when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<usize>,
@@ -47,9 +47,9 @@ pub enum KindConfig {
 }
 
 /// The defaults of the keys every kind shares.
-pub mod defaults {
-    pub const THRESHOLD: f32 = crate::engine::DEFAULT_THRESHOLD;
-    pub const MAX_CONCURRENCY: usize = 256;
+pub(crate) mod defaults {
+    pub(crate) const THRESHOLD: f32 = crate::engine::DEFAULT_THRESHOLD;
+    pub(crate) const MAX_CONCURRENCY: usize = 256;
 
     pub(super) fn max_concurrency() -> usize {
         MAX_CONCURRENCY
@@ -57,20 +57,7 @@ pub mod defaults {
 }
 
 impl EvaluatorConfig {
-    /// A table with the shared keys at their defaults.
-    pub fn new(name: &str, kind: KindConfig) -> Self {
-        EvaluatorConfig {
-            name: name.to_string(),
-            threshold: Some(defaults::THRESHOLD),
-            aggregate: Aggregate::default(),
-            max_steps: None,
-            max_trace_bytes: None,
-            max_concurrency: defaults::MAX_CONCURRENCY,
-            kind,
-        }
-    }
-
-    pub fn kind_name(&self) -> &'static str {
+    pub(crate) fn kind_name(&self) -> &'static str {
         self.kind.name()
     }
 }
@@ -86,7 +73,7 @@ impl KindConfig {
     }
 
     /// What its verdicts carry: step scores, an outcome score, or both.
-    pub fn gives(&self) -> Gives {
+    pub(crate) fn gives(&self) -> Gives {
         let outcome_only = matches!(self, KindConfig::Prm(p) if p.family.is_outcome());
         Gives {
             steps: !outcome_only,
@@ -95,7 +82,7 @@ impl KindConfig {
     }
 
     /// Its kind for messages, with a PRM's family: `prm (outcome-rm)`, `judge`.
-    pub fn describe_kind(&self) -> String {
+    pub(crate) fn describe_kind(&self) -> String {
         match self {
             KindConfig::Prm(p) => format!("prm ({})", p.family.as_str()),
             other => other.name().to_string(),

@@ -12,20 +12,16 @@ mod overrides;
 mod reward;
 mod rules;
 
-pub use crate::cascade::CascadeConfig;
-pub use crate::composite::CompositeConfig;
-pub use crate::judge::JudgeConfig;
-pub use crate::prm::{Backend, DeviceSpec, Dtype, PrmConfig, VllmConfig};
-pub use crate::upstream::UpstreamConfig;
-pub use evaluator::{EvaluatorConfig, KindConfig, defaults};
+pub use evaluator::EvaluatorConfig;
+pub use evaluator::KindConfig;
+pub(crate) use evaluator::defaults;
 pub use flags::ServerFlags;
-pub use reward::{
-    Gives, LabelsAs, QuestionFrom, RewardConfig, RewardRule, SLIME_EXTRAS, Unscored,
-    check_reward_key,
+pub(crate) use reward::{
+    LabelsAs, QuestionFrom, RewardConfig, RewardRule, SLIME_EXTRAS, check_reward_key,
 };
 
 use crate::engine::{Admission, SlotSpec};
-pub use crate::env::{Env, Secret};
+pub(crate) use crate::env::{Env, Secret};
 use crate::prm::format::Family;
 use overrides::apply_override;
 use serde::{Deserialize, Serialize};
@@ -34,9 +30,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 /// Largest `max_in_flight` / `max_concurrency`: queues are allocated up front.
-pub const MAX_CAPACITY: usize = 1 << 20;
+pub(crate) const MAX_CAPACITY: usize = 1 << 20;
 /// Longest shutdown grace period, one hour.
-pub const MAX_GRACE_S: f64 = crate::rule::MAX_SECONDS;
+pub(crate) const MAX_GRACE_S: f64 = crate::rule::MAX_SECONDS;
 
 /// The embedded default: SmolLM2-135M-Instruct as a zero-shot chat-lm PRM, from the cache folder.
 const EMBEDDED_NAME: &str = "smollm2";
@@ -53,7 +49,7 @@ pub struct Config {
     pub evaluators: Vec<EvaluatorConfig>,
     /// How the reward routes (`/get_reward`, `/slime/reward`) read samples and make rewards.
     #[serde(default)]
-    pub reward: RewardConfig,
+    pub(crate) reward: RewardConfig,
     /// Where the configuration came from, for error messages.
     #[serde(skip)]
     pub source: String,
@@ -162,7 +158,7 @@ impl Config {
     }
 
     /// `parse`, then the flags laid over `[server]` before validation.
-    pub fn parse_with(
+    pub(crate) fn parse_with(
         text: &str,
         source_name: &str,
         sets: &[String],
@@ -368,7 +364,7 @@ impl Config {
     }
 
     /// What the engine needs of each evaluator before it is loaded.
-    pub fn slot_specs(&self) -> Vec<SlotSpec> {
+    pub(crate) fn slot_specs(&self) -> Vec<SlotSpec> {
         self.evaluators
             .iter()
             .map(|e| SlotSpec {
@@ -389,7 +385,7 @@ impl Config {
     }
 
     /// The limits every evaluator shares.
-    pub fn admission(&self) -> Admission {
+    pub(crate) fn admission(&self) -> Admission {
         Admission {
             max_in_flight: self.server.max_in_flight,
             default: self.default_evaluator().to_string(),

@@ -1,6 +1,7 @@
 //! Unit tests for the outcome-rm family, the composite kind and the reward rules that read an
 //! outcome score: what validates, and each refusal naming its key.
 use super::*;
+use reward::Gives;
 
 const TABLES: &str = r#"
 [[evaluator]]

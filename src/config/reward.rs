@@ -10,7 +10,7 @@ use std::path::PathBuf;
 /// The `[reward]` table; every key has a default, so OpenRLHF needs none of them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
-pub struct RewardConfig {
+pub(crate) struct RewardConfig {
     /// The evaluator that scores samples; the server's default when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub evaluator: Option<String>,
@@ -65,7 +65,7 @@ impl Default for RewardConfig {
 
 impl RewardConfig {
     /// The rules a type can't express; the message names the key (`reward.` is the caller's).
-    pub fn check(&self) -> Result<(), Refused> {
+    pub(crate) fn check(&self) -> Result<(), Refused> {
         if !self.empty_reward.is_finite() {
             return refuse("empty_reward must be a finite number");
         }
@@ -96,7 +96,7 @@ impl RewardConfig {
 
 /// What `/slime/reward` puts beside the reward in its dict (numbers, and the sample's status by
 /// name); a reward key may not be one.
-pub const SLIME_EXTRAS: [&str; 6] = [
+pub(crate) const SLIME_EXTRAS: [&str; 6] = [
     "trace_score",
     "first_error_index",
     "step_count",
@@ -106,7 +106,7 @@ pub const SLIME_EXTRAS: [&str; 6] = [
 ];
 
 /// Why `key` can't name the reward in `/slime/reward`'s dict, if it can't.
-pub fn check_reward_key(key: &str) -> Result<(), String> {
+pub(crate) fn check_reward_key(key: &str) -> Result<(), String> {
     if key.trim().is_empty() {
         return Err("must not be empty".into());
     }
@@ -124,7 +124,7 @@ pub fn check_reward_key(key: &str) -> Result<(), String> {
 /// a verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "UnscoredToml", into = "UnscoredToml")]
-pub enum Unscored {
+pub(crate) enum Unscored {
     /// The request fails with the sample's error (its status code: 504 for a deadline, 400 for
     /// a size limit, 503 for an evaluator down).
     Error,
@@ -169,7 +169,7 @@ impl From<Unscored> for UnscoredToml {
 
 impl Unscored {
     /// The reward it gives, or `None` when the request fails instead.
-    pub fn reward(self, empty_reward: f32) -> Option<f32> {
+    pub(crate) fn reward(self, empty_reward: f32) -> Option<f32> {
         match self {
             Unscored::Error => None,
             Unscored::EmptyReward => Some(empty_reward),
@@ -181,7 +181,7 @@ impl Unscored {
 /// A verdict as one reward.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum RewardRule {
+pub(crate) enum RewardRule {
     /// The evaluator's trace score (its `aggregate` of step scores: min by default; an outcome
     /// model's raw score when it has no step scores).
     TraceScore,
@@ -198,7 +198,7 @@ pub enum RewardRule {
 
 /// What a verdict must carry for a rule to apply, and what an evaluator gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gives {
+pub(crate) struct Gives {
     /// Step scores (every kind but an outcome-rm PRM alone).
     pub steps: bool,
     /// An outcome score (an outcome-rm PRM, a composite).
@@ -206,7 +206,7 @@ pub struct Gives {
 }
 
 impl RewardRule {
-    pub const ALL: [RewardRule; 5] = [
+    pub(crate) const ALL: [RewardRule; 5] = [
         RewardRule::TraceScore,
         RewardRule::Correct,
         RewardRule::Prefix,
@@ -214,7 +214,7 @@ impl RewardRule {
         RewardRule::MinWithOutcome,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RewardRule::TraceScore => "trace_score",
             RewardRule::Correct => "correct",
@@ -224,12 +224,12 @@ impl RewardRule {
         }
     }
 
-    pub fn parse(s: &str) -> Option<RewardRule> {
+    pub(crate) fn parse(s: &str) -> Option<RewardRule> {
         RewardRule::ALL.into_iter().find(|r| r.as_str() == s)
     }
 
     /// What a verdict needs for this rule.
-    pub fn needs(self) -> Gives {
+    pub(crate) fn needs(self) -> Gives {
         Gives {
             steps: matches!(self, RewardRule::Prefix | RewardRule::MinWithOutcome),
             outcome: matches!(self, RewardRule::Outcome | RewardRule::MinWithOutcome),
@@ -237,7 +237,7 @@ impl RewardRule {
     }
 
     /// Why an evaluator that gives `gives` can't serve this rule; `None` when it can.
-    pub fn unmet(self, gives: Gives) -> Option<&'static str> {
+    pub(crate) fn unmet(self, gives: Gives) -> Option<&'static str> {
         let needs = self.needs();
         if needs.outcome && !gives.outcome {
             Some("needs an outcome score: use a composite, or an outcome-rm PRM")
@@ -250,7 +250,7 @@ impl RewardRule {
 
     /// The reward of `v`, a verdict over `steps` steps; the reason when `v` lacks what the rule
     /// needs.
-    pub fn apply(self, v: &Verdict, steps: usize) -> Result<f32, &'static str> {
+    pub(crate) fn apply(self, v: &Verdict, steps: usize) -> Result<f32, &'static str> {
         let j = &v.judgement;
         let gives = Gives {
             steps: !j.step_scores.is_empty(),
@@ -277,7 +277,7 @@ impl RewardRule {
 /// Where `/get_reward` reads the question.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum QuestionFrom {
+pub(crate) enum QuestionFrom {
     /// The last user turn of ChatML, Llama 3 or Mistral chat markup; the whole prompt when it
     /// holds none of them.
     Chat,
@@ -288,7 +288,7 @@ pub enum QuestionFrom {
 /// What `/get_reward` does with the trainer's `labels`.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-pub enum LabelsAs {
+pub(crate) enum LabelsAs {
     /// Reference-free judging: labels are not read.
     Ignore,
     /// Each sample's label is its gold answer (reference-based mode); an empty label leaves

@@ -1,5 +1,6 @@
 //! Unit tests for config parsing, overrides and validation.
 use super::*;
+use crate::prm::{Backend, DeviceSpec, Dtype};
 
 const EXAMPLE: &str = r#"
 [server]

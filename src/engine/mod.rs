@@ -7,8 +7,9 @@ mod registry;
 mod slot;
 
 pub use origin::Origin;
-pub use registry::{Admission, Engine, EvaluatorStatus, LoadByName, Loaded, any_changed};
-pub use slot::SlotSpec;
+pub use registry::Engine;
+pub(crate) use registry::{Admission, LoadByName, Loaded, any_changed};
+pub(crate) use slot::SlotSpec;
 
 use crate::field::FieldPath;
 use crate::trace::{Judgement, Trace};
@@ -18,7 +19,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// The threshold of an evaluator whose config sets none and that has none of its own.
-pub const DEFAULT_THRESHOLD: f32 = 0.5;
+pub(crate) const DEFAULT_THRESHOLD: f32 = 0.5;
 
 /// What an evaluator says about itself, for ListEvaluators.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,6 +144,6 @@ impl EngineError {
 }
 
 /// Boxes an evaluator for the registry.
-pub fn shared<E: Evaluator>(e: E) -> Arc<dyn Evaluator> {
+pub(crate) fn shared<E: Evaluator>(e: E) -> Arc<dyn Evaluator> {
     Arc::new(e)
 }

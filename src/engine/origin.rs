@@ -31,7 +31,7 @@ impl Origin {
     }
 
     /// `e`, with a field an evaluator named relative to the trace made the caller's.
-    pub fn locate(&self, e: EngineError) -> EngineError {
+    pub(crate) fn locate(&self, e: EngineError) -> EngineError {
         match e {
             EngineError::Invalid { field, message } if self.has_parts || field.is_root() => {
                 EngineError::Invalid {

@@ -11,12 +11,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 /// Builds the evaluator of one name; runs on a blocking thread (it may load a model).
 /// `Loaded` holds the evaluators built before it, which a cascade wraps.
-pub type LoadByName =
+pub(crate) type LoadByName =
     Arc<dyn Fn(&str, &Loaded) -> Result<Arc<dyn Evaluator>, EngineError> + Send + Sync>;
 
 /// The limits shared by every evaluator.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Admission {
+pub(crate) struct Admission {
     /// Requests admitted at once, across evaluators; more are refused.
     pub max_in_flight: usize,
     /// The evaluator a request gets when it names none.
@@ -25,11 +25,11 @@ pub struct Admission {
 
 /// Evaluators loaded so far, by name. Each is reached through its own gate, so a cascade's calls
 /// queue behind the evaluator's `max_concurrency` like everyone else's.
-pub type Loaded = HashMap<String, Arc<dyn Evaluator>>;
+pub(crate) type Loaded = HashMap<String, Arc<dyn Evaluator>>;
 
 /// What ListEvaluators reports for one evaluator.
 #[derive(Debug, Clone, PartialEq)]
-pub struct EvaluatorStatus {
+pub(crate) struct EvaluatorStatus {
     pub name: String,
     pub description: Description,
     pub threshold: f32,
@@ -51,7 +51,7 @@ pub struct Engine {
 
 impl Engine {
     /// An engine whose evaluators are not loaded yet: requests get UNAVAILABLE until `load`.
-    pub fn new(specs: Vec<SlotSpec>, admission: Admission) -> Arc<Engine> {
+    pub(crate) fn new(specs: Vec<SlotSpec>, admission: Admission) -> Arc<Engine> {
         let order = specs.iter().map(|s| s.name.clone()).collect();
         metrics::set_max_in_flight(admission.max_in_flight);
         let slots = specs
@@ -97,14 +97,14 @@ impl Engine {
     }
 
     /// Watches on every loaded evaluator whose readiness can change; see `any_changed`.
-    pub fn health_watches(&self) -> Vec<watch::Receiver<bool>> {
+    pub(crate) fn health_watches(&self) -> Vec<watch::Receiver<bool>> {
         self.slots
             .values()
             .filter_map(|s| s.evaluator.get()?.health())
             .collect()
     }
 
-    pub fn list(&self) -> Vec<EvaluatorStatus> {
+    pub(crate) fn list(&self) -> Vec<EvaluatorStatus> {
         self.order
             .iter()
             .map(|name| {
@@ -160,7 +160,7 @@ impl Engine {
     /// Admits and judges every request together (all or none are admitted); results keep order.
     /// `list` names the list in errors: `candidates` (a Rank), `query` (a reward batch); each
     /// request's origin names its item.
-    pub async fn evaluate_all(
+    pub(crate) async fn evaluate_all(
         &self,
         requests: Vec<Request>,
         list: &FieldPath,
@@ -170,7 +170,7 @@ impl Engine {
 
     /// `evaluate_all`, where `settle` makes each request's outcome its item, or the error that
     /// fails them all (and drops the rest): a reward batch keeps the verdicts it got in time.
-    pub async fn evaluate_each<T>(
+    pub(crate) async fn evaluate_each<T>(
         &self,
         requests: Vec<Request>,
         list: &FieldPath,
@@ -266,7 +266,7 @@ fn echo(name: &str) -> String {
 
 /// Resolves when one of `watches` changes, or its sender goes (that watch is dropped: its last
 /// value stands); never resolves once none is left.
-pub async fn any_changed(watches: &mut Vec<watch::Receiver<bool>>) {
+pub(crate) async fn any_changed(watches: &mut Vec<watch::Receiver<bool>>) {
     if watches.is_empty() {
         return std::future::pending().await;
     }

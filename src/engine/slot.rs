@@ -15,7 +15,7 @@ use tokio::time::{Instant, timeout_at};
 /// What the engine knows of an evaluator before it is loaded: its name, its request-side
 /// settings, and what to say of it while it loads.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SlotSpec {
+pub(crate) struct SlotSpec {
     pub name: String,
     /// The config's threshold; unset, the evaluator's own (a trained head's), else the default.
     pub threshold: Option<f32>,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// The metric families of one kind of upstream, and the label that names the evaluator: judges
 /// keep their `retrace_judge_*` names, remote PRMs have `retrace_prm_upstream_*`.
-pub struct UpstreamMetrics {
+pub(crate) struct UpstreamMetrics {
     label: &'static str,
     requests: &'static str,
     duration: &'static str,
@@ -21,7 +21,7 @@ pub struct UpstreamMetrics {
     breaker_state: &'static str,
 }
 
-pub static JUDGE_UPSTREAM: UpstreamMetrics = UpstreamMetrics {
+pub(crate) static JUDGE_UPSTREAM: UpstreamMetrics = UpstreamMetrics {
     label: "judge",
     requests: JUDGE_REQUESTS,
     duration: JUDGE_REQUEST_DURATION,
@@ -31,7 +31,7 @@ pub static JUDGE_UPSTREAM: UpstreamMetrics = UpstreamMetrics {
     breaker_state: JUDGE_BREAKER_STATE,
 };
 
-pub static PRM_UPSTREAM: UpstreamMetrics = UpstreamMetrics {
+pub(crate) static PRM_UPSTREAM: UpstreamMetrics = UpstreamMetrics {
     label: "evaluator",
     requests: PRM_UPSTREAM_REQUESTS,
     duration: PRM_UPSTREAM_DURATION,
@@ -42,29 +42,29 @@ pub static PRM_UPSTREAM: UpstreamMetrics = UpstreamMetrics {
 };
 
 impl UpstreamMetrics {
-    pub fn request(&self, name: &str, outcome: &'static str) {
+    pub(crate) fn request(&self, name: &str, outcome: &'static str) {
         counter!(self.requests, self.label => name.to_string(), "outcome" => outcome).increment(1);
     }
 
     /// How long one upstream exchange took, whatever its outcome.
-    pub fn latency(&self, name: &str, elapsed: Duration) {
+    pub(crate) fn latency(&self, name: &str, elapsed: Duration) {
         histogram!(self.duration, self.label => name.to_string()).record(elapsed.as_secs_f64());
     }
 
-    pub fn in_flight(&self, name: &str, delta: f64) {
+    pub(crate) fn in_flight(&self, name: &str, delta: f64) {
         gauge!(self.in_flight, self.label => name.to_string()).increment(delta);
     }
 
-    pub fn retry(&self, name: &str, cause: &'static str) {
+    pub(crate) fn retry(&self, name: &str, cause: &'static str) {
         counter!(self.retries, self.label => name.to_string(), "cause" => cause).increment(1);
     }
 
-    pub fn breaker_opened(&self, name: &str) {
+    pub(crate) fn breaker_opened(&self, name: &str) {
         counter!(self.breaker_opened, self.label => name.to_string()).increment(1);
     }
 
     /// The breaker's state now: 0 closed, 1 half-open, 2 open.
-    pub fn breaker_state(&self, name: &str, state: f64) {
+    pub(crate) fn breaker_state(&self, name: &str, state: f64) {
         gauge!(self.breaker_state, self.label => name.to_string()).set(state);
     }
 }

@@ -54,7 +54,7 @@ pub enum ScoreError {
 
 /// How batches are cut.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Budget {
+pub(crate) struct Budget {
     /// Most tokens per batch (rows are packed end to end, not padded, so this is their sum);
     /// a longer single trace runs alone.
     pub max_batch_tokens: usize,
@@ -117,7 +117,7 @@ pub(super) struct Batcher {
 /// How many requests from the front of the queue go into the next batch: as many as fit the
 /// budget, and always at least one. The model packs rows without padding, so a batch costs the
 /// sum of its lengths and a long trace doesn't inflate its neighbours.
-pub fn next_batch(lengths: impl IntoIterator<Item = usize>, budget: &Budget) -> usize {
+pub(crate) fn next_batch(lengths: impl IntoIterator<Item = usize>, budget: &Budget) -> usize {
     let mut count = 0;
     let mut total = 0;
     for len in lengths {

@@ -103,19 +103,19 @@ pub enum Dtype {
 }
 
 /// A PRM's defaults.
-pub mod defaults {
-    pub const MAX_BATCH_TOKENS: usize = 8192;
+pub(crate) mod defaults {
+    pub(crate) const MAX_BATCH_TOKENS: usize = 8192;
     /// On a GPU: a 7B model's activations for 32k packed tokens take a few GiB next to its
     /// 15 GiB of bf16 weights, and the matmuls need thousands of rows to fill a large card.
-    pub const MAX_BATCH_TOKENS_CUDA: usize = 32768;
-    pub const MAX_BATCH_SIZE: usize = 32;
-    pub const MAX_WAIT_MS: u64 = 2;
+    pub(crate) const MAX_BATCH_TOKENS_CUDA: usize = 32768;
+    pub(crate) const MAX_BATCH_SIZE: usize = 32;
+    pub(crate) const MAX_WAIT_MS: u64 = 2;
     /// Room for ~11k tokens of SmolLM2-135M, ~9k of a 7B Qwen2 in bf16 (see docs/models.md).
     pub const PREFIX_CACHE_MB: usize = 512;
     /// A trained PRM's top two at a step's end are its plus and minus tokens; a few more leave
     /// room for a chat model that spreads its mass, at about 60 bytes per position and
     /// log-probability.
-    pub const TOP_LOGPROBS: u32 = 5;
+    pub(crate) const TOP_LOGPROBS: u32 = 5;
 
     pub(super) fn top_logprobs() -> u32 {
         TOP_LOGPROBS
@@ -123,7 +123,7 @@ pub mod defaults {
 }
 
 /// The keys that were spelled at the PRM's top level before they moved into `[evaluator.vllm]`.
-pub const MOVED_TO_VLLM: &[&str] = &[
+pub(crate) const MOVED_TO_VLLM: &[&str] = &[
     "base_url",
     "served_model",
     "api_key_env",

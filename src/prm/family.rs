@@ -40,12 +40,12 @@ impl Family {
     }
 
     /// Whether it scores the trace as a whole (one score) rather than each step.
-    pub fn is_outcome(self) -> bool {
+    pub(crate) fn is_outcome(self) -> bool {
         self == Family::OutcomeRm
     }
 
     /// Whether it is an input format (every family but `head`).
-    pub fn is_format(self) -> bool {
+    pub(crate) fn is_format(self) -> bool {
         self != Family::Head
     }
 

@@ -12,13 +12,10 @@ use super::resolve_model;
 use crate::env::Env;
 use crate::trace::Trace;
 use retrace_model::{HeadSpec, ModelError, PrmModel, RowStates, Tokens, average_states};
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A base checkpoint and a format, ready to turn traces into features.
 pub struct Extractor {
-    family: Family,
-    base: PathBuf,
     formatter: Formatter,
     model: PrmModel,
     budget: Budget,
@@ -76,8 +73,6 @@ impl Extractor {
         let formatter = Formatter::load(cfg.family, &base).map_err(|e| fail(e.to_string()))?;
         let model = load_model(&base, HeadSpec::States, cfg).map_err(|e| fail(e.to_string()))?;
         Ok(Extractor {
-            family: cfg.family,
-            base,
             formatter,
             model,
             budget: Budget {
@@ -86,15 +81,6 @@ impl Extractor {
                 max_wait: Duration::ZERO,
             },
         })
-    }
-
-    /// The base checkpoint as resolved.
-    pub fn base(&self) -> &Path {
-        &self.base
-    }
-
-    pub fn family(&self) -> Family {
-        self.family
     }
 
     /// The base's decoder layers: a tap's layers lie in 0..=num_layers() (the last is the

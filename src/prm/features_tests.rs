@@ -5,6 +5,7 @@ use super::*;
 use crate::trace::Step;
 use candle_core::{DType, Device};
 use retrace_model::Reuse;
+use std::path::{Path, PathBuf};
 
 fn tiny() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny/chat-lm")

@@ -2,7 +2,8 @@
 //! positions where each step's score is read. Byte-exact strings, the model's own tokenizer.
 
 pub use super::family::Family;
-use super::template::{ChatTemplate, Message, TemplateError, special_token};
+pub use super::template::TemplateError;
+use super::template::{ChatTemplate, Message, special_token};
 use crate::trace::Trace;
 use retrace_model::HeadSpec;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ const SHEPHERD_STEP_TAG: &str = "ки";
 pub const CHAT_LM_INSTRUCTION: &str = "You check a solution to a problem one step at a time. After each step, reply with a single character: + if the step is correct, - if it contains an error.";
 const CHAT_LM_REFERENCE: &str = "\n\nReference answer (use it only to check the steps): ";
 /// outcome-rm's assistant turn: the steps as paragraphs, the inverse of segmenting raw text.
-pub const OUTCOME_STEP_JOIN: &str = "\n\n";
+pub(crate) const OUTCOME_STEP_JOIN: &str = "\n\n";
 /// Stands in for each assistant "+" while rendering, so its place in the text is known exactly.
 const SENTINEL: &str = "\u{E000}";
 

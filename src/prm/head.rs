@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The format version this server reads.
-pub const HEAD_VERSION: u32 = 1;
+pub(crate) const HEAD_VERSION: u32 = 1;
 
 /// A head folder's `config.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HeadConfig {
+pub(crate) struct HeadConfig {
     /// The format version, `HEAD_VERSION`.
     pub retrace_head: u32,
     /// The base checkpoint as given (a folder or a `.gguf` file); relative to the head folder
@@ -52,13 +52,13 @@ pub struct HeadConfig {
 /// The step head's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum HeadKind {
+pub(crate) enum HeadKind {
     Logistic,
     Mlp,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct LabelCounts {
+pub(crate) struct LabelCounts {
     pub correct_steps: usize,
     pub wrong_steps: usize,
     pub traces: usize,
@@ -67,7 +67,7 @@ pub struct LabelCounts {
 
 /// A data file a head was trained or tuned on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DataFile {
+pub(crate) struct DataFile {
     pub path: String,
     pub sha256: String,
     pub rows: usize,
@@ -80,7 +80,7 @@ fn chat_lm() -> Family {
 /// A head folder checked against its config's rules and its base's checksum: what serving it
 /// needs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HeadFolder {
+pub(crate) struct HeadFolder {
     pub dir: PathBuf,
     pub config: HeadConfig,
     /// The base, resolved against `dir`.
@@ -89,7 +89,7 @@ pub struct HeadFolder {
 
 impl HeadConfig {
     /// Reads and checks `dir/config.json`; errors name the file and the key.
-    pub fn read(dir: &Path) -> Result<HeadConfig, String> {
+    pub(crate) fn read(dir: &Path) -> Result<HeadConfig, String> {
         let path = dir.join(HEAD_CONFIG);
         let text = std::fs::read_to_string(&path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -151,7 +151,7 @@ impl HeadConfig {
     }
 
     /// The model's view of the head in `dir`.
-    pub fn spec(&self, dir: &Path) -> TrainedSpec {
+    pub(crate) fn spec(&self, dir: &Path) -> TrainedSpec {
         TrainedSpec {
             dir: dir.to_path_buf(),
             layers: self.layers.clone(),
@@ -186,7 +186,7 @@ fn check_categories(labels: &[ErrorCategory]) -> Result<(), String> {
 impl HeadFolder {
     /// Reads `dir`'s config and verifies its base: a base whose checksum differs from the one
     /// the head was trained on is refused, naming both and the base.
-    pub fn open(dir: &Path) -> Result<HeadFolder, String> {
+    pub(crate) fn open(dir: &Path) -> Result<HeadFolder, String> {
         let config = HeadConfig::read(dir)?;
         let base = dir.join(&config.base);
         let path = dir.join(HEAD_CONFIG);
@@ -216,7 +216,7 @@ impl HeadFolder {
 
     /// The category at a first error from its category probabilities (`probs`, in the
     /// config's label order): the most probable label other than `none`.
-    pub fn category(&self, probs: &[f32]) -> ErrorCategory {
+    pub(crate) fn category(&self, probs: &[f32]) -> ErrorCategory {
         let labels = self.config.categories.as_deref().unwrap_or_default();
         labels
             .iter()

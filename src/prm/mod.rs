@@ -5,16 +5,17 @@ mod batcher;
 mod candle;
 mod config;
 mod family;
-pub mod features;
-pub mod format;
-pub mod head;
-pub mod remote;
+pub(crate) mod features;
+pub(crate) mod format;
+pub(crate) mod head;
+pub(crate) mod remote;
 mod template;
 
-pub use batcher::{BatchError, Budget, ScoreError, Scorer, next_batch};
-pub use config::{
-    Backend, CandleConfig, DeviceSpec, Dtype, MOVED_TO_VLLM, PrmConfig, VllmConfig, defaults,
-};
+pub use batcher::BatchError;
+pub(crate) use batcher::Budget;
+pub use batcher::{ScoreError, Scorer};
+pub use config::{Backend, CandleConfig, DeviceSpec, Dtype, PrmConfig, VllmConfig};
+pub(crate) use config::{MOVED_TO_VLLM, defaults};
 
 use crate::engine::{Description, EngineError, Evaluator, Job, Limit};
 use crate::env::Env;
@@ -107,7 +108,7 @@ pub struct PrmEvaluator {
 
 /// Loads the PRM an `[[evaluator]]` table describes (runs on a blocking thread): the checkpoint
 /// on candle, or the formatter in front of a vLLM server.
-pub fn load(
+pub(crate) fn load(
     name: &str,
     max_concurrency: usize,
     cfg: &PrmConfig,

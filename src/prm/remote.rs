@@ -32,7 +32,7 @@ enum Route {
     Logprobs { plus: u32, minus: u32, top: u32 },
 }
 
-pub struct RemotePrm {
+pub(crate) struct RemotePrm {
     name: String,
     family: Family,
     folder: PathBuf,
@@ -47,7 +47,7 @@ pub struct RemotePrm {
 
 impl RemotePrm {
     /// Builds the evaluator; nothing is sent to vLLM until the first request.
-    pub fn load(
+    pub(crate) fn load(
         name: &str,
         max_concurrency: usize,
         cfg: &PrmConfig,
@@ -166,7 +166,7 @@ fn request_body(route: Route, model: Option<&str>, ids: &[u32]) -> Value {
 
 /// One trace's scores, and how many of them had to bound a log-probability vLLM left out.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Scores {
+pub(crate) struct Scores {
     pub scores: Vec<f32>,
     pub inexact: usize,
 }

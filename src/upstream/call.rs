@@ -17,7 +17,7 @@ const MIN_USEFUL: Duration = Duration::from_millis(50);
 
 /// How one evaluator reaches its upstream.
 #[derive(Debug, Clone)]
-pub struct CallPolicy {
+pub(crate) struct CallPolicy {
     pub max_concurrency: usize,
     pub requests_per_minute: Option<u32>,
     pub retries: u32,
@@ -29,7 +29,7 @@ pub struct CallPolicy {
 
 /// Why a call gave no reply.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum CallError {
+pub(crate) enum CallError {
     /// The last attempt's failure, after `attempts` exchanges.
     #[error("{error} (after {attempts} attempt(s))")]
     Upstream { error: AttemptError, attempts: u32 },
@@ -42,7 +42,7 @@ pub enum CallError {
 
 impl CallError {
     /// Whether the caller's time ran out (DEADLINE_EXCEEDED) rather than the upstream failing.
-    pub fn is_timeout(&self) -> bool {
+    pub(crate) fn is_timeout(&self) -> bool {
         match self {
             CallError::Deadline(_) => true,
             CallError::Upstream { error, .. } => error.is_timeout(),
@@ -52,7 +52,7 @@ impl CallError {
 }
 
 /// One upstream endpoint behind its limits, breaker and retries.
-pub struct Caller {
+pub(crate) struct Caller {
     name: String,
     metrics: &'static UpstreamMetrics,
     endpoint: Endpoint,
@@ -80,7 +80,7 @@ impl Drop for InFlight<'_> {
 
 impl Caller {
     /// `name` is the evaluator's, the label of every metric `metrics` names.
-    pub fn new(
+    pub(crate) fn new(
         name: &str,
         metrics: &'static UpstreamMetrics,
         endpoint: Endpoint,
@@ -105,14 +105,14 @@ impl Caller {
         }
     }
 
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         self.endpoint.url()
     }
 
     /// Posts `body` and reads the reply with `read`, retrying what a later attempt may not meet.
     /// `read` runs inside the attempt, so a garbled 2xx body is a failed (unretried) attempt with
     /// its own outcome. Dropping the future cancels the exchange in progress.
-    pub async fn call<R>(
+    pub(crate) async fn call<R>(
         &self,
         body: &Value,
         deadline: Option<Instant>,

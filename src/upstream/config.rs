@@ -31,13 +31,13 @@ pub struct UpstreamConfig {
 }
 
 /// The defaults of the upstream keys, and their bounds.
-pub mod defaults {
-    pub const TIMEOUT_S: f64 = 60.0;
-    pub const RETRIES: u32 = 2;
-    pub const BREAKER_FAILURES: u32 = 5;
-    pub const BREAKER_COOLDOWN_S: f64 = 10.0;
+pub(crate) mod defaults {
+    pub(crate) const TIMEOUT_S: f64 = 60.0;
+    pub(crate) const RETRIES: u32 = 2;
+    pub(crate) const BREAKER_FAILURES: u32 = 5;
+    pub(crate) const BREAKER_COOLDOWN_S: f64 = 10.0;
     /// Retries per exchange; more would hide an outage behind minutes of backoff.
-    pub const MAX_RETRIES: u32 = 10;
+    pub(crate) const MAX_RETRIES: u32 = 10;
 
     pub(super) fn timeout_s() -> f64 {
         TIMEOUT_S
@@ -54,19 +54,6 @@ pub mod defaults {
 }
 
 impl UpstreamConfig {
-    /// `base_url` with every other key at its default.
-    pub fn new(base_url: impl Into<String>) -> Self {
-        UpstreamConfig {
-            base_url: base_url.into(),
-            api_key_env: None,
-            timeout_s: defaults::TIMEOUT_S,
-            retries: defaults::RETRIES,
-            requests_per_minute: None,
-            breaker_failures: defaults::BREAKER_FAILURES,
-            breaker_cooldown_s: defaults::BREAKER_COOLDOWN_S,
-        }
-    }
-
     /// The rules every upstream's keys follow; `what` names the server in messages.
     pub fn check(&self, what: &str) -> Result<(), Refused> {
         let url = reqwest::Url::parse(&self.base_url)
@@ -113,7 +100,7 @@ impl UpstreamConfig {
     }
 
     /// The call policy these keys make, for a caller admitting `max_concurrency` at once.
-    pub fn policy(&self, max_concurrency: usize) -> CallPolicy {
+    pub(crate) fn policy(&self, max_concurrency: usize) -> CallPolicy {
         CallPolicy {
             max_concurrency,
             requests_per_minute: self.requests_per_minute,

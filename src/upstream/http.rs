@@ -12,11 +12,11 @@ const REASON_CHARS: usize = 200;
 
 /// Most bytes of one upstream reply: a chat completion or a PRM's step scores is kilobytes; a
 /// larger body is a broken or hostile upstream, and reading it whole would hold it in memory.
-pub const MAX_REPLY_BYTES: usize = 4 << 20;
+pub(crate) const MAX_REPLY_BYTES: usize = 4 << 20;
 
 /// Why one HTTP exchange gave no reply.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum AttemptError {
+pub(crate) enum AttemptError {
     #[error("cannot reach the upstream: {0}")]
     Connect(String),
     #[error("the upstream did not answer in time")]
@@ -42,7 +42,7 @@ pub enum AttemptError {
 
 impl AttemptError {
     /// Only failures that a later attempt may not meet: the connection, rate limits, 5xx.
-    pub fn retryable(&self) -> bool {
+    pub(crate) fn retryable(&self) -> bool {
         match self {
             AttemptError::Connect(_) | AttemptError::CutOff(_) => true,
             AttemptError::Status { code, .. } => *code == 429 || *code >= 500,
@@ -54,7 +54,7 @@ impl AttemptError {
 
     /// Failures that say the upstream is unwell, which the circuit breaker counts. A 4xx other
     /// than 429 means our request or key is wrong, and a garbled body came from a live server.
-    pub fn upstream_unwell(&self) -> bool {
+    pub(crate) fn upstream_unwell(&self) -> bool {
         match self {
             AttemptError::Connect(_)
             | AttemptError::Timeout
@@ -66,7 +66,7 @@ impl AttemptError {
     }
 
     /// The `outcome` label of the upstream request counters.
-    pub fn outcome(&self) -> &'static str {
+    pub(crate) fn outcome(&self) -> &'static str {
         match self {
             AttemptError::Connect(_) | AttemptError::CutOff(_) => "connect_error",
             AttemptError::Timeout | AttemptError::Stalled(_) => "timeout",
@@ -77,7 +77,7 @@ impl AttemptError {
     }
 
     /// The Retry-After the upstream asked for, if any.
-    pub fn retry_after(&self) -> Option<Duration> {
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
         match self {
             AttemptError::Status { retry_after, .. } => *retry_after,
             _ => None,
@@ -85,13 +85,13 @@ impl AttemptError {
     }
 
     /// Timeouts of every kind: the caller maps them to DEADLINE_EXCEEDED, the rest to UNAVAILABLE.
-    pub fn is_timeout(&self) -> bool {
+    pub(crate) fn is_timeout(&self) -> bool {
         matches!(self, AttemptError::Timeout | AttemptError::Stalled(_))
     }
 }
 
 /// A 2xx reply: its content type and body, for the caller to read.
-pub struct Raw {
+pub(crate) struct Raw {
     pub content_type: Option<String>,
     pub body: Vec<u8>,
 }
@@ -99,7 +99,7 @@ pub struct Raw {
 /// The short reason in an error body: OpenAI's `{"error": {"message"}}`, vLLM's older
 /// `{"object": "error", "message"}`, a bare `{"message"}`, `{"error": "..."}` or FastAPI's
 /// `{"detail"}`, else the start of the text.
-pub fn error_reason(body: &[u8]) -> String {
+pub(crate) fn error_reason(body: &[u8]) -> String {
     let from_json = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
         let message = v
             .pointer("/error/message")
@@ -128,7 +128,7 @@ pub fn error_reason(body: &[u8]) -> String {
 }
 
 /// The start of a body, for messages.
-pub fn snippet(body: &[u8]) -> String {
+pub(crate) fn snippet(body: &[u8]) -> String {
     cut(&String::from_utf8_lossy(body), REASON_CHARS)
 }
 
@@ -140,7 +140,7 @@ fn cut(s: &str, chars: usize) -> String {
 }
 
 /// One URL of an upstream, with its connection pool and key.
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     http: reqwest::Client,
     url: String,
     api_key: Option<Secret>,
@@ -156,7 +156,7 @@ pub enum SetupError {
 }
 
 impl Endpoint {
-    pub fn new(url: String, api_key: Option<Secret>) -> Result<Endpoint, SetupError> {
+    pub(crate) fn new(url: String, api_key: Option<Secret>) -> Result<Endpoint, SetupError> {
         Ok(Endpoint {
             http: http_client()?,
             url,
@@ -164,13 +164,13 @@ impl Endpoint {
         })
     }
 
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
     /// One exchange, given up at `stop`. Dropping the future drops the connection, which is how
     /// a caller that left cancels the upstream's work.
-    pub async fn post(&self, body: &Value, stop: Instant) -> Result<Raw, AttemptError> {
+    pub(crate) async fn post(&self, body: &Value, stop: Instant) -> Result<Raw, AttemptError> {
         let mut request = self.http.post(&self.url).json(body);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(&key.0);

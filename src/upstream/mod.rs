@@ -4,19 +4,19 @@
 mod call;
 mod config;
 mod http;
-pub mod policy;
+pub(crate) mod policy;
 
-pub use call::{CallError, CallPolicy, Caller};
-pub use config::{UpstreamConfig, defaults};
-pub use http::{
-    AttemptError, Endpoint, MAX_REPLY_BYTES, Raw, SetupError, error_reason, http_client, snippet,
-};
+pub(crate) use call::{CallError, CallPolicy, Caller};
+pub use config::UpstreamConfig;
+pub use http::SetupError;
+pub use http::http_client;
+pub(crate) use http::{AttemptError, Endpoint, Raw, snippet};
 
 use crate::env::{Env, Secret};
 
 /// The API key in the environment variable `var` names, when it names one; an error when that
 /// variable is not set, so a missing key stops startup rather than failing every request.
-pub fn api_key(var: Option<&str>) -> Result<Option<Secret>, SetupError> {
+pub(crate) fn api_key(var: Option<&str>) -> Result<Option<Secret>, SetupError> {
     match var {
         Some(var) => Env::process()
             .secret(var)

@@ -12,7 +12,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(8);
 
 /// The longest wait between retries, however early the attempt (`attempt` counts from 0):
 /// min(8 s, 250 ms * 2^attempt).
-pub fn backoff_ceiling(attempt: u32) -> Duration {
+pub(crate) fn backoff_ceiling(attempt: u32) -> Duration {
     BASE_BACKOFF
         .saturating_mul(1u32 << attempt.min(16))
         .min(MAX_BACKOFF)
@@ -21,7 +21,7 @@ pub fn backoff_ceiling(attempt: u32) -> Duration {
 /// The wait before retry `attempt`. A server's Retry-After is obeyed as given (plus up to 10% so
 /// that callers told the same second don't return together); otherwise "full jitter", uniform in
 /// [0, ceiling], which spreads a burst of failed callers best. `unit` is a uniform draw in [0, 1).
-pub fn backoff(attempt: u32, retry_after: Option<Duration>, unit: f64) -> Duration {
+pub(crate) fn backoff(attempt: u32, retry_after: Option<Duration>, unit: f64) -> Duration {
     let unit = unit.clamp(0.0, 1.0);
     match retry_after {
         Some(after) => after + after.mul_f64(0.1 * unit),
@@ -31,7 +31,7 @@ pub fn backoff(attempt: u32, retry_after: Option<Duration>, unit: f64) -> Durati
 
 /// Reads a Retry-After header value: delta-seconds or an HTTP date. Negative, unreadable or past
 /// values give `None` (then the jittered backoff applies).
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if let Ok(seconds) = value.parse::<f64>() {
         return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
@@ -42,7 +42,12 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 
 /// Whether a retry that starts after `wait` still fits before `deadline`. The retry needs time
 /// to be useful, so at least `min_useful` must remain once the wait is over.
-pub fn fits(now: Instant, wait: Duration, deadline: Option<Instant>, min_useful: Duration) -> bool {
+pub(crate) fn fits(
+    now: Instant,
+    wait: Duration,
+    deadline: Option<Instant>,
+    min_useful: Duration,
+) -> bool {
     deadline.is_none_or(|d| now + wait + min_useful <= d)
 }
 
@@ -50,7 +55,7 @@ pub fn fits(now: Instant, wait: Duration, deadline: Option<Instant>, min_useful:
 /// refuses calls for `cooldown`; then one probe goes through (half-open). The probe's success
 /// closes it; its failure opens it for another cooldown.
 #[derive(Debug)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     threshold: u32,
     cooldown: Duration,
     state: Mutex<State>,
@@ -60,7 +65,7 @@ pub struct Breaker {
 /// The breaker's phase as its gauge reports it. An open breaker whose cooldown has passed stays
 /// `Open` until the next call probes: nothing has shown the upstream well again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     Closed,
     HalfOpen,
     Open,
@@ -68,7 +73,7 @@ pub enum Phase {
 
 impl Phase {
     /// The gauge's value: 0 closed, 1 half-open, 2 open.
-    pub fn gauge(self) -> f64 {
+    pub(crate) fn gauge(self) -> f64 {
         match self {
             Phase::Closed => 0.0,
             Phase::HalfOpen => 1.0,
@@ -100,14 +105,14 @@ enum State {
 
 /// Refused by an open breaker; `retry_in` is the time left in the cooldown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Open {
+pub(crate) struct Open {
     pub retry_in: Duration,
 }
 
 /// Leave to make one attempt. Report its outcome with `record`; a permit dropped without a
 /// report (the caller left) releases a half-open probe slot, so the breaker can't stick.
 #[derive(Debug)]
-pub struct Permit {
+pub(crate) struct Permit {
     breaker: Arc<Breaker>,
     probe: bool,
     reported: bool,
@@ -125,7 +130,7 @@ impl State {
 
 impl Breaker {
     /// A closed breaker; `observe` hears `Closed` now and every change of phase after.
-    pub fn new(
+    pub(crate) fn new(
         threshold: u32,
         cooldown: Duration,
         observe: impl Fn(Phase) + Send + Sync + 'static,
@@ -154,7 +159,7 @@ impl Breaker {
     }
 
     /// Asks to make an attempt at `now`.
-    pub fn acquire(self: &Arc<Self>, now: Instant) -> Result<Permit, Open> {
+    pub(crate) fn acquire(self: &Arc<Self>, now: Instant) -> Result<Permit, Open> {
         let mut state = self.lock();
         let probe = match *state {
             State::Closed { .. } => false,
@@ -182,7 +187,7 @@ impl Breaker {
 
     /// Whether calls would be refused at `now` (the tests' view of the state).
     #[cfg(test)]
-    pub fn is_open(&self, now: Instant) -> bool {
+    pub(crate) fn is_open(&self, now: Instant) -> bool {
         match *self.lock() {
             State::Closed { .. } => false,
             State::Open { until } => now < until,
@@ -194,7 +199,7 @@ impl Breaker {
 impl Permit {
     /// Reports the attempt: `failed` for connection errors, timeouts, 429 and 5xx, the failures
     /// that say the upstream is unwell. Returns true when this report opened the breaker.
-    pub fn record(mut self, failed: bool, now: Instant) -> bool {
+    pub(crate) fn record(mut self, failed: bool, now: Instant) -> bool {
         self.reported = true;
         let b = &self.breaker;
         let mut state = b.lock();

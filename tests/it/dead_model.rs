@@ -6,11 +6,11 @@
 use crate::common;
 
 use common::{TestServer, request, sample, steps_trace};
-use retrace::api::pb;
-use retrace::config::{Config, KindConfig};
-use retrace::engine::{EngineError, Evaluator};
-use retrace::prm::format::Encoded;
-use retrace::prm::{Limits, PrmEvaluator, ScoreError, Scorer};
+use retrace::Encoded;
+use retrace::pb;
+use retrace::{Config, KindConfig};
+use retrace::{EngineError, Evaluator};
+use retrace::{Limits, PrmEvaluator, ScoreError, Scorer};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 use tonic::Code;
@@ -98,7 +98,7 @@ async fn gauge(s: &TestServer, name: &str, evaluator: &str) -> f64 {
 async fn a_dead_model_thread_fails_its_requests_and_only_its_health() {
     let (release, held) = mpsc::channel();
     let s = server(held).await;
-    let per_evaluator = retrace::health::evaluator_service;
+    let per_evaluator = retrace::evaluator_service;
     assert_eq!(
         health(&s, &per_evaluator("dies")).await,
         Some(ServingStatus::Serving)

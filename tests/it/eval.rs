@@ -7,11 +7,11 @@ use crate::common;
 
 use common::*;
 use futures::future::BoxFuture;
-use retrace::engine::{Description, EngineError, Evaluator, Job};
-use retrace::trace::{ErrorCategory, Judgement};
-use retrace_cli::eval::{
-    self, Analysis, Calibration, Report, Row, ScoredTrace, Summary, first_below, read_records,
-    read_rows, rethreshold, sweep,
+use retrace::{Description, EngineError, Evaluator, Job};
+use retrace::{ErrorCategory, Judgement};
+use retrace_cli::{
+    Analysis, Calibration, Report, Row, ScoredTrace, Summary, first_below, read_records, read_rows,
+    rethreshold, sweep,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -32,30 +32,6 @@ fn labels(split: &str) -> Vec<i32> {
                 .expect("eval reads labels")
         })
         .collect()
-}
-
-/// A folder under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "retrace-eval-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn close(a: Option<f64>, b: f64) {
@@ -265,7 +241,7 @@ fn the_report_renders_markdown_and_html_with_svg() {
             test: None,
         }),
     };
-    let html = eval::render_html(&report);
+    let html = retrace_cli::render_html(&report);
     assert!(html.starts_with("<!DOCTYPE html>"));
     assert_eq!(
         html.matches("<svg").count(),
@@ -275,7 +251,7 @@ fn the_report_renders_markdown_and_html_with_svg() {
     assert!(html.contains("test &lt;report&gt;"));
     assert!(!html.contains("<script"), "self-contained, no scripts");
     assert!(html.contains(&format!("threshold = {}", choice.threshold)));
-    let md = eval::render_markdown(&report);
+    let md = retrace_cli::render_markdown(&report);
     assert!(md.contains(
         "| split | error traces | correct traces | error acc | correct acc | F1 | failed |"
     ));
@@ -768,12 +744,12 @@ async fn eval_in_process_from_a_config() {
     )
     .unwrap();
     let out = dir.0.join("out");
-    let opts = eval::EvalOptions {
+    let opts = retrace_cli::EvalOptions {
         data: vec![processbench("gsm8k")],
         evaluator: None,
         threshold: Some(0.25),
         out: out.clone(),
-        connect: eval::ConnectOptions {
+        connect: retrace_cli::ConnectOptions {
             server: None,
             config: Some(cfg),
             set: vec![],
@@ -786,7 +762,7 @@ async fn eval_in_process_from_a_config() {
             no_progress: true,
         },
     };
-    let outcome = eval::eval(opts.clone())
+    let outcome = retrace_cli::eval(opts.clone())
         .await
         .expect("eval runs in-process");
     assert_eq!(outcome.stats.judged, 3);
@@ -801,7 +777,7 @@ async fn eval_in_process_from_a_config() {
         assert_eq!(row.prediction, Some(first_below(&row.step_scores, 0.25)));
     }
     // A rerun resumes: everything is already there.
-    let again = eval::eval(opts).await.unwrap();
+    let again = retrace_cli::eval(opts).await.unwrap();
     assert_eq!((again.stats.judged, again.stats.already_done), (0, 3));
     assert_eq!(rows_of(&out.join("predictions.jsonl")), rows);
 }

@@ -6,9 +6,9 @@ use crate::common;
 
 use common::llama::{llama_server, smollm2_gguf};
 use common::*;
-use retrace::api::pb;
-use retrace::prm::format::{CHAT_LM_INSTRUCTION, Family, Formatter};
-use retrace::trace::Trace;
+use retrace::Trace;
+use retrace::pb;
+use retrace::{CHAT_LM_INSTRUCTION, Family, Formatter};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -28,7 +28,7 @@ fn the_tokenizer_rebuilt_from_the_gguf_formats_like_the_converted_folder() {
     // The folder's tokenizer.json was rebuilt by scripts/gguf_to_hf.py and checked against
     // llama.cpp's /tokenize; this one is rebuilt in Rust from the same vocabulary and merges,
     // and the chat template and special tokens come from the GGUF's metadata.
-    let folder = retrace::env::Env::process().cache_dir().join("smollm2");
+    let folder = retrace::Env::process().cache_dir().join("smollm2");
     assert!(
         folder.join("tokenizer.json").is_file(),
         "{} is missing: run scripts/fetch-smollm2.sh --f32",

@@ -5,11 +5,11 @@
 
 use crate::common::{REPO, free_port, max_gap, request, spawn_retrace, step_scores};
 use candle_core::{Device, Tensor};
-use retrace::api::pb;
-use retrace::config::PrmConfig;
-use retrace::prm::features::Extractor;
-use retrace::prm::format::Family;
-use retrace::trace::{Step, Trace};
+use retrace::Extractor;
+use retrace::Family;
+use retrace::PrmConfig;
+use retrace::pb;
+use retrace::{Step, Trace};
 use serde_json::json;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

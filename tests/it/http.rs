@@ -5,7 +5,7 @@
 use crate::common;
 
 use common::*;
-use retrace::api::pb;
+use retrace::pb;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ pub async fn tiny_prm_server(name: &str, extra: &str) -> TestServer {
          family = \"qwen2-math-prm\"\nmodel = {:?}\n{extra}",
         model.display().to_string()
     );
-    let config = retrace::config::Config::parse(&text, "test", &[]).unwrap();
+    let config = retrace::Config::parse(&text, "test", &[]).unwrap();
     let s = TestServer::start(config, retrace::default_loader()).await;
     s.ready().await;
     s
@@ -351,7 +351,7 @@ async fn auth_overload_and_deadlines_follow_the_status_table() {
         "auth_tokens_env = \"RETRACE_HTTP_TEST_TOKENS\"\nmax_in_flight = 1",
         &[("a", "")],
     );
-    config.env = retrace::env::Env::fixed([("RETRACE_HTTP_TEST_TOKENS", "tok")]);
+    config.env = retrace::Env::fixed([("RETRACE_HTTP_TEST_TOKENS", "tok")]);
     let s = TestServer::start(
         config,
         fake_loader(

@@ -6,7 +6,7 @@
 use crate::common;
 
 use common::{ChildGuard, request, sample, scrape, spawn_retrace};
-use retrace::api::pb;
+use retrace::pb;
 use std::path::PathBuf;
 use tonic::Code;
 
@@ -17,7 +17,7 @@ const KEY: &str = "retrace-test-key";
 const GRAMMAR: &str = r#"root ::= "\\boxed{" ("-1" | [0-2]) "}\nCategory: " ("Misinterpretation" | "Hallucination" | "Reasoning" | "None")"#;
 
 fn cache() -> PathBuf {
-    retrace::env::Env::process().cache_dir()
+    retrace::Env::process().cache_dir()
 }
 
 /// llama-server with an API key and four slots (`n` up to 4 in one request; 1,024 tokens each).

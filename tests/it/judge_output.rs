@@ -6,8 +6,8 @@ use crate::common;
 
 use common::upstream::{Fault, Upstream, reply};
 use common::{TestServer, request, steps_trace};
-use retrace::api::pb;
-use retrace::config::Config;
+use retrace::Config;
+use retrace::pb;
 use serde_json::{Value, json};
 use tonic::Code;
 

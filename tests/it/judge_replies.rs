@@ -5,8 +5,8 @@
 //! began to box the problem's answer and were held to an index by the grammar, reviews cut off by the token budget (unreadable, then
 //! repaired), "Here -1" in words (refused), and a bare final "-1" line (read).
 
-use retrace::judge::parse::{ParseError, Parsed, parse_json_reply, parse_reply};
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
+use retrace::fuzzing::{ParseError, Parsed, parse_json_reply, parse_reply};
 use serde_json::Value;
 
 const CORPUS: &str = include_str!("../fixtures/judge-replies.jsonl");

@@ -7,8 +7,8 @@ use crate::common;
 
 use common::wire::{Wire, WireUpstream};
 use common::{TestServer, evaluate_within, steps_trace};
-use retrace::api::pb;
-use retrace::config::Config;
+use retrace::Config;
+use retrace::pb;
 use std::time::Duration;
 use tonic::Code;
 

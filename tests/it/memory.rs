@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::*;
-use retrace::api::pb;
+use retrace::pb;
 use std::time::{Duration, Instant};
 
 /// A step of about 80 bytes; the tiny model's tokenizer makes roughly one token of 1.7 bytes.

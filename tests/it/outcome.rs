@@ -4,12 +4,12 @@
 //! combining them.
 
 use crate::common::{self, TestServer, request};
-use retrace::api::pb;
-use retrace::config::PrmConfig;
-use retrace::engine::{Evaluator, Job};
-use retrace::prm::PrmEvaluator;
-use retrace::prm::format::{Family, Formatter};
-use retrace::trace::{Step, Trace, UNLOCATED};
+use retrace::PrmConfig;
+use retrace::PrmEvaluator;
+use retrace::pb;
+use retrace::{Evaluator, Job};
+use retrace::{Family, Formatter};
+use retrace::{Step, Trace, UNLOCATED};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -78,7 +78,7 @@ fn close(got: f32, want: f64, what: &str) {
 
 #[tokio::test]
 async fn every_architecture_formats_reads_and_scores_as_the_reference() {
-    retrace::metrics::install();
+    retrace::install_metrics();
     for arch in ARCHS {
         let folder = tiny(&format!("outcome-rm-{arch}"));
         let formatter = Formatter::load(Family::OutcomeRm, &folder).unwrap();
@@ -118,7 +118,7 @@ async fn composite_server() -> TestServer {
         tiny("qwen2-math-prm").display().to_string(),
         tiny("outcome-rm-qwen2").display().to_string(),
     );
-    let config = retrace::config::Config::parse(&text, "test", &[]).unwrap();
+    let config = retrace::Config::parse(&text, "test", &[]).unwrap();
     let s = TestServer::start(config, retrace::default_loader()).await;
     s.ready().await;
     s
@@ -264,8 +264,8 @@ fn best_of_n_data(dir: &std::path::Path) -> PathBuf {
     path
 }
 
-fn connect(config: PathBuf) -> retrace_cli::eval::ConnectOptions {
-    retrace_cli::eval::ConnectOptions {
+fn connect(config: PathBuf) -> retrace_cli::ConnectOptions {
+    retrace_cli::ConnectOptions {
         server: None,
         config: Some(config),
         set: vec![],
@@ -296,20 +296,20 @@ async fn eval_tables_best_of_n_by_both_scores_and_calibrate_refuses_an_outcome_m
     )
     .unwrap();
     let data = best_of_n_data(&dir);
-    let opts = retrace_cli::eval::EvalOptions {
+    let opts = retrace_cli::EvalOptions {
         data: vec![data.clone()],
         evaluator: Some("both".into()),
         threshold: None,
         out: dir.join("out"),
         connect: connect(cfg.clone()),
     };
-    let outcome = retrace_cli::eval::eval(opts).await.unwrap();
+    let outcome = retrace_cli::eval(opts).await.unwrap();
     let mut rows = Vec::new();
-    retrace_cli::eval::read_rows(&outcome.predictions, |r| rows.push(r)).unwrap();
+    retrace_cli::read_rows(&outcome.predictions, |r| rows.push(r)).unwrap();
     assert_eq!(rows.len(), 4);
     rows.sort_by(|a, b| a.id.cmp(&b.id));
     // The share of questions whose highest-scored candidate (by `key`) is the right one.
-    let share = |key: &dyn Fn(&retrace_cli::eval::Row) -> f32| {
+    let share = |key: &dyn Fn(&retrace_cli::Row) -> f32| {
         let right = rows
             .chunks(2)
             .filter(|pair| {
@@ -336,7 +336,7 @@ async fn eval_tables_best_of_n_by_both_scores_and_calibrate_refuses_an_outcome_m
     assert_eq!(by("trace"), share(&|r| r.trace_score.unwrap()));
     assert_eq!(by("outcome"), share(&|r| r.outcome_score.unwrap()));
     assert_eq!((by("random"), by("oracle")), (50.0, 100.0));
-    let calibrate = retrace_cli::eval::CalibrateOptions {
+    let calibrate = retrace_cli::CalibrateOptions {
         calibrate_on: vec![data],
         test_on: vec![],
         evaluator: vec!["rm".into()],
@@ -344,7 +344,7 @@ async fn eval_tables_best_of_n_by_both_scores_and_calibrate_refuses_an_outcome_m
         out: dir.join("cal"),
         connect: connect(cfg),
     };
-    let err = retrace_cli::eval::calibrate(calibrate).await.unwrap_err();
+    let err = retrace_cli::calibrate(calibrate).await.unwrap_err();
     assert!(err.to_string().contains("gives no step scores"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use retrace::api::pb;
+use retrace::pb;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::Code;

@@ -16,7 +16,7 @@ mod common;
 
 use common::load::{self, Tally, Workload, ms_quantile, quantiles};
 use common::*;
-use retrace::api::pb;
+use retrace::pb;
 use serde::Deserialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -209,7 +209,7 @@ fn check(run: &Run) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saturated_model_refuses_at_once_what_would_miss_its_deadline() {
-    let model = retrace::env::Env::process().cache_dir().join("smollm2");
+    let model = retrace::Env::process().cache_dir().join("smollm2");
     assert!(
         model.join("model.safetensors").is_file(),
         "{} is missing: run scripts/fetch-smollm2.sh --f32",

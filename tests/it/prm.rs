@@ -2,13 +2,13 @@
 //! random checkpoints and the real tokenizers), scores to 1e-4, batched against unbatched, one
 //! score per step, and the error paths.
 
-use retrace::config::{DeviceSpec, PrmConfig};
-use retrace::engine::{EngineError, Evaluator, Job};
-use retrace::env::Env;
-use retrace::field::FieldPath;
-use retrace::prm::PrmEvaluator;
-use retrace::prm::format::{Family, Formatter};
-use retrace::trace::{Step, Trace};
+use retrace::Env;
+use retrace::FieldPath;
+use retrace::PrmEvaluator;
+use retrace::{DeviceSpec, PrmConfig};
+use retrace::{EngineError, Evaluator, Job};
+use retrace::{Family, Formatter};
+use retrace::{Step, Trace};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -136,7 +136,7 @@ fn real_tokenizers_format_exactly() {
 
 #[tokio::test]
 async fn tiny_scores_match_the_reference_batched_and_not() {
-    let metrics = retrace::metrics::install();
+    let metrics = retrace::install_metrics();
     for family in FAMILIES {
         let fixture = read_fixture(&tiny(family).join("expected.json"));
         let single = evaluator(family, &tiny(family), 1);
@@ -212,7 +212,7 @@ async fn over_long_traces_and_tagged_steps_are_refused_by_field() {
         }) => {
             // The trace itself: the engine names where the caller put it, and which limit.
             assert_eq!(field, FieldPath::root());
-            assert_eq!(limit, retrace::engine::Limit::Tokens);
+            assert_eq!(limit, retrace::Limit::Tokens);
             assert!(message.contains("exceed the model's context"), "{message}");
         }
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
@@ -260,8 +260,8 @@ fn hub_ids_resolve_through_the_local_cache_only() {
     std::fs::create_dir_all(&snapshot).unwrap();
     std::fs::create_dir_all(hub.join("models--Org--Tiny/refs")).unwrap();
     std::fs::write(hub.join("models--Org--Tiny/refs/main"), "abc123\n").unwrap();
-    let env = retrace::env::Env::fixed([("HF_HUB_CACHE", hub.to_str().unwrap())]);
-    let resolve = |model: &str| retrace::prm::resolve_model(model, env.hf_hub_cache().as_deref());
+    let env = retrace::Env::fixed([("HF_HUB_CACHE", hub.to_str().unwrap())]);
+    let resolve = |model: &str| retrace::resolve_model(model, env.hf_hub_cache().as_deref());
     assert_eq!(resolve("Org/Tiny"), Some(snapshot));
     assert_eq!(resolve("Org/Missing"), None);
     let local = tiny("chat-lm");

@@ -11,7 +11,7 @@ use crate::common;
 
 use common::load::{self, Outcome, Tally, Workload, ms_quantile, quantiles};
 use common::*;
-use retrace::api::pb;
+use retrace::pb;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

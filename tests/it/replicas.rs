@@ -6,7 +6,7 @@
 use crate::common;
 
 use common::*;
-use retrace::api::pb;
+use retrace::pb;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

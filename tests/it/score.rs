@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::*;
-use retrace::api::pb;
+use retrace::pb;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -5,7 +5,7 @@ use crate::common;
 
 use common::*;
 use futures::StreamExt;
-use retrace::api::pb;
+use retrace::pb;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -659,7 +659,7 @@ async fn bearer_auth_guards_the_evaluator_but_not_health() {
         "auth_tokens = [\"tok-file\"]\nauth_tokens_env = \"RETRACE_TEST_TOKENS\"",
         &[("a", "")],
     );
-    config.env = retrace::env::Env::fixed([("RETRACE_TEST_TOKENS", "tok-env")]);
+    config.env = retrace::Env::fixed([("RETRACE_TEST_TOKENS", "tok-env")]);
     let s = TestServer::start(config, fake_loader(MS, Arc::new(Counters::default()), None)).await;
     s.ready().await;
     let mut c = s.client().await;

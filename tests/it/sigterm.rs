@@ -41,7 +41,7 @@ async fn sigterm_drains_requests_in_flight() {
     while health.check(check()).await.unwrap().into_inner().status != 1 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let client = retrace::api::pb::evaluator_client::EvaluatorClient::new(channel.clone());
+    let client = retrace::pb::evaluator_client::EvaluatorClient::new(channel.clone());
     let in_flight: Vec<_> = (0..5)
         .map(|i| {
             let mut c = client.clone();

@@ -5,7 +5,7 @@ use crate::common;
 
 use common::*;
 use futures::StreamExt;
-use retrace::api::pb;
+use retrace::pb;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -34,7 +34,7 @@ struct Bench {
 
 #[tokio::test]
 async fn embedded_default_serves_smollm2_end_to_end() {
-    let model = retrace::env::Env::process().cache_dir().join("smollm2");
+    let model = retrace::Env::process().cache_dir().join("smollm2");
     assert!(
         model.join("model.safetensors").is_file(),
         "{} is missing: run scripts/fetch-smollm2.sh --f32",

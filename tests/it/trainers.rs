@@ -107,7 +107,7 @@ async fn judge_server(name: &str, up: &Upstream, extra: &str) -> TestServer {
          output = \"text\"\nretries = 0\ncache_entries = 0\ntimeout_s = 600\n{extra}\n",
         up.base_url()
     );
-    let config = retrace::config::Config::parse(&text, "test config", &[]).unwrap();
+    let config = retrace::Config::parse(&text, "test config", &[]).unwrap();
     let s = TestServer::start(config, retrace::default_loader()).await;
     s.ready().await;
     s
@@ -143,7 +143,7 @@ async fn slimes_label_is_the_reference_answer_and_the_dict_carries_the_verdict()
     assert_eq!(got["step_count"], json!(3));
     assert_eq!(
         got["category"],
-        json!(retrace::api::pb::ErrorCategory::Hallucination as i32)
+        json!(retrace::pb::ErrorCategory::Hallucination as i32)
     );
     let prompt = up.bodies()[0]["messages"][0]["content"]
         .as_str()
@@ -158,7 +158,7 @@ async fn slimes_label_is_the_reference_answer_and_the_dict_carries_the_verdict()
 
 /// The fetched Qwen2.5 tokenizer (scripts/fetch-tokenizers.sh): the policy's, in these tests.
 fn qwen_tokenizer_dir() -> PathBuf {
-    let dir = retrace::env::Env::process()
+    let dir = retrace::Env::process()
         .cache_dir()
         .join("tokenizers/qwen2.5");
     assert!(
@@ -286,7 +286,7 @@ async fn token_ids_without_a_policy_tokenizer_are_refused_and_a_bad_one_stops_th
          [reward]\npolicy_tokenizer = \"no/such/folder\"\n",
         up.base_url()
     );
-    let config = retrace::config::Config::parse(&text, "test config", &[]).unwrap();
+    let config = retrace::Config::parse(&text, "test config", &[]).unwrap();
     let e = TestServer::start(config, retrace::default_loader())
         .await
         .handle

@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use http_body_util::{BodyExt, Full};
 use prost::Message;
-use retrace::api::pb;
+use retrace::pb;
 use std::time::Duration;
 use tonic::codegen::{Bytes, Service, http};
 use tonic::transport::Channel;

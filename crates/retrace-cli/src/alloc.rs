@@ -54,10 +54,10 @@ pub(crate) fn spawn_idle_trim() -> std::io::Result<()> {
             // mi_collect works through the calling thread's heap, and a thread that has never
             // allocated has only the empty default one (it returns at once): allocate first.
             std::hint::black_box(vec![0u8; 64]);
-            let mut idle = IdleWatch::new(retrace::metrics::activity(), Instant::now());
+            let mut idle = IdleWatch::new(retrace::activity(), Instant::now());
             loop {
                 std::thread::sleep(POLL);
-                if idle.due(retrace::metrics::activity(), Instant::now()) {
+                if idle.due(retrace::activity(), Instant::now()) {
                     collect();
                     tracing::debug!("idle: handed mimalloc's free memory back");
                 }
@@ -67,6 +67,7 @@ pub(crate) fn spawn_idle_trim() -> std::io::Result<()> {
 }
 
 /// Frees this thread's empty pages and purges every arena's free memory now.
+#[allow(unsafe_code)]
 fn collect() {
     // SAFETY: mi_collect takes no pointers and only returns memory mimalloc holds free; it is
     // safe to call from any thread at any time.
@@ -75,13 +76,13 @@ fn collect() {
 
 /// Decides when a quiet spell has lasted `IDLE`: true once per spell that followed activity.
 struct IdleWatch {
-    last: retrace::metrics::Activity,
+    last: retrace::Activity,
     quiet_since: Instant,
     trimmed: bool,
 }
 
 impl IdleWatch {
-    fn new(now: retrace::metrics::Activity, at: Instant) -> Self {
+    fn new(now: retrace::Activity, at: Instant) -> Self {
         // Startup (the model load) is activity too: the first quiet spell trims.
         IdleWatch {
             last: now,
@@ -90,7 +91,7 @@ impl IdleWatch {
         }
     }
 
-    fn due(&mut self, now: retrace::metrics::Activity, at: Instant) -> bool {
+    fn due(&mut self, now: retrace::Activity, at: Instant) -> bool {
         if now != self.last || now.in_flight > 0 {
             self.last = now;
             self.quiet_since = at;
@@ -108,7 +109,7 @@ impl IdleWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use retrace::metrics::Activity;
+    use retrace::Activity;
 
     #[test]
     fn trims_once_per_quiet_spell_and_never_while_busy() {

@@ -13,8 +13,24 @@
 //! - `train/` (`retrace train-head`): a PRM head on a frozen decoder's features.
 //! - `main.rs`: the command line; `alloc.rs`: the binary's allocator and its idle trim.
 
-pub mod bench;
-pub mod eval;
-pub mod label;
-pub mod score;
-pub mod train;
+#![forbid(unsafe_code)]
+
+mod bench;
+mod eval;
+mod label;
+mod score;
+mod train;
+
+// The tools' face: what the binary (`main.rs`) and the tests name. The rest is the tools' own,
+// so `unreachable_pub` and the dead-code lints see all of it.
+pub use bench::{BenchOptions, bench};
+pub use eval::{
+    Analysis, AnswerLevel, Averages, BestOfN, CalibrateOptions, Calibrated, Calibration,
+    CategoryStats, ConnectOptions, Curve, DataError, EvalError, EvalOptions, EvalOutcome,
+    GeneratorStats, Record, Records, Report, Row, RunStats, ScoredTrace, SelectorShare, SplitScore,
+    Summary, ThresholdChoice, calibrate, eval, first_below, read_records, read_rows,
+    records_from_bytes, render_html, render_markdown, rethreshold, sweep,
+};
+pub use label::{LabelOptions, LabelOutcome, label};
+pub use score::{ScoreOptions, score};
+pub use train::{Extraction, TrainError, TrainOptions, Trained, train_head};

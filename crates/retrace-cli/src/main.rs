@@ -1,8 +1,10 @@
 //! The `retrace` command line: parses flags and hands off to the library; nothing else.
+// One unsafe call, the allocator's collect (`alloc.rs`), allowed where it stands.
+#![deny(unsafe_code)]
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use retrace::config::{Config, ServerFlags};
+use retrace::{Config, ServerFlags};
 use std::path::PathBuf;
 
 mod alloc;
@@ -29,9 +31,9 @@ enum Command {
     CheckConfig(ServeArgs),
     /// Runs labelled traces (ProcessBench, ReTraceQA-shaped JSONL) through an evaluator, on a
     /// server or in-process; writes predictions JSONL, the ProcessBench metric and a report.
-    Eval(retrace_cli::eval::EvalOptions),
+    Eval(retrace_cli::EvalOptions),
     /// Scores traces once, sweeps the PRM threshold, and prints the F1-maximising config line.
-    Calibrate(retrace_cli::eval::CalibrateOptions),
+    Calibrate(retrace_cli::CalibrateOptions),
     /// Labels traces with an evaluator's verdicts (usually a voting judge's) as dataset rows
     /// that `eval` and `train-head` read.
     ///
@@ -55,19 +57,19 @@ enum Command {
     /// Rerunning with the same --out resumes: rows already labelled are skipped, and rows whose
     /// request failed (listed in OUT-STEM.failed.jsonl and in the summary, and the command then
     /// exits with status 1) are tried again.
-    Label(retrace_cli::label::LabelOptions),
+    Label(retrace_cli::LabelOptions),
     /// Measures scoring speed here: retrace over gRPC (a `retrace serve` it starts, or --server)
     /// next to llama-server following RLHFlow's one-request-per-step procedure on the same model
     /// and traces, against the machine's measured f32 matmul peak; prints the side-by-side table
     /// (medians over alternating rounds, ratios) and, with --scaling, writes the scaling plot.
-    Bench(Box<retrace_cli::bench::BenchOptions>),
+    Bench(Box<retrace_cli::BenchOptions>),
     /// Sends traces to a running server and prints each verdict: the score of every step as a
     /// bar, the first error marked with its category (or --json).
-    Score(retrace_cli::score::ScoreOptions),
+    Score(retrace_cli::ScoreOptions),
     /// Trains a PRM head on a frozen base: features at each step's read position (the server's
     /// formatting, cached on disk), a logistic or MLP step head and a category head, taps,
     /// head kind and threshold chosen on dev; writes the head folder `family = "head"` serves.
-    TrainHead(Box<retrace_cli::train::TrainOptions>),
+    TrainHead(Box<retrace_cli::TrainOptions>),
 }
 
 #[derive(clap::Args)]
@@ -122,22 +124,16 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Eval(opts) => retrace_cli::eval::eval(opts)
+        Command::Eval(opts) => retrace_cli::eval(opts).await.map(drop).map_err(Into::into),
+        Command::Calibrate(opts) => retrace_cli::calibrate(opts)
             .await
             .map(drop)
             .map_err(Into::into),
-        Command::Calibrate(opts) => retrace_cli::eval::calibrate(opts)
-            .await
-            .map(drop)
-            .map_err(Into::into),
-        Command::Label(opts) => retrace_cli::label::label(opts)
-            .await
-            .map(drop)
-            .map_err(Into::into),
-        Command::Bench(opts) => retrace_cli::bench::bench(*opts).await,
-        Command::Score(opts) => retrace_cli::score::score(opts).await,
+        Command::Label(opts) => retrace_cli::label(opts).await.map(drop).map_err(Into::into),
+        Command::Bench(opts) => retrace_cli::bench(*opts).await,
+        Command::Score(opts) => retrace_cli::score(opts).await,
         Command::TrainHead(opts) => {
-            let t = tokio::task::spawn_blocking(move || retrace_cli::train::train_head(*opts))
+            let t = tokio::task::spawn_blocking(move || retrace_cli::train_head(*opts))
                 .await
                 .context("the training thread")??;
             println!(
@@ -199,7 +195,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// One split's ProcessBench scores on a line.
-fn split_line(s: &retrace_cli::eval::SplitScore) -> String {
+fn split_line(s: &retrace_cli::SplitScore) -> String {
     format!(
         "F1 {} (error accuracy {}, correct accuracy {}; {} traces)",
         percent(s.f1),

@@ -3,7 +3,7 @@
 
 use crate::eval::EvalBackend;
 use anyhow::{Context, anyhow, bail};
-use retrace::api::pb;
+use retrace::pb;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -71,7 +71,7 @@ pub async fn score(opts: ScoreOptions) -> anyhow::Result<()> {
     let wait = Duration::try_from_secs_f64(opts.wait_s).context("--wait-s must be >= 0")?;
     let token = match &opts.token_env {
         Some(var) => Some(
-            retrace::env::Env::process()
+            retrace::Env::process()
                 .secret(var)
                 .with_context(|| format!("--token-env names {var}, which is not set"))?,
         ),

@@ -28,9 +28,9 @@ use tonic::Code;
 
 /// Largest request body: room for a Rank of hundreds of candidates in JSON, which spells out what
 /// protobuf packs (the gRPC limit is 4 MiB of protobuf).
-pub const MAX_BODY_BYTES: usize = 16 << 20;
+pub(crate) const MAX_BODY_BYTES: usize = 16 << 20;
 /// The request header that sets a deadline, in seconds (HTTP has no `grpc-timeout`).
-pub const TIMEOUT_HEADER: &str = "x-request-timeout";
+pub(crate) const TIMEOUT_HEADER: &str = "x-request-timeout";
 
 /// What every handler shares.
 pub(crate) struct Http {
@@ -43,7 +43,7 @@ pub(crate) struct Http {
 
 /// The routes, ready to serve; fails when `[reward] policy_tokenizer` can't be loaded (the
 /// message names the key).
-pub fn router(
+pub(crate) fn router(
     engine: Arc<Engine>,
     auth: BearerAuth,
     reward: RewardConfig,
@@ -77,7 +77,7 @@ pub fn router(
 }
 
 /// Serves `router` on `listener` until `stop`, then lets requests in flight finish.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     stop: impl Future<Output = ()> + Send + 'static,

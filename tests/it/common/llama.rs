@@ -7,7 +7,7 @@ use std::time::Duration;
 
 /// The GGUF the embedded default serves and llama-server loads.
 pub fn smollm2_gguf() -> PathBuf {
-    retrace::env::Env::process()
+    retrace::Env::process()
         .cache_dir()
         .join("gguf/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
@@ -17,7 +17,7 @@ pub async fn llama_server(args: &[&str]) -> (ChildGuard, u16) {
     // The product installs ring as rustls' provider when it builds a client; tests' own
     // reqwest clients need it too.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let bin = retrace::env::Env::process()
+    let bin = retrace::Env::process()
         .cache_dir()
         .join("llama-server/bin/llama-server");
     let gguf = smollm2_gguf();

@@ -1,7 +1,7 @@
 //! A load generator for overload tests: requests sent with a deadline, the outcomes tallied by
 //! code, latencies kept for quantiles, closed loops to measure what a server sustains.
 
-use retrace::api::pb;
+use retrace::pb;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;

@@ -8,7 +8,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use retrace::prm::format::{Family, Formatter};
+use retrace::{Family, Formatter};
 use retrace_model::{HeadSpec, PrmModel};
 use serde_json::{Map, Value, json};
 use std::collections::VecDeque;

@@ -3,7 +3,7 @@
 
 use super::{cases, pieces};
 use proptest::prelude::*;
-use retrace::config::{Config, KindConfig};
+use retrace::{Config, KindConfig};
 
 /// A key, a value as TOML writes it, and whether the loader must accept it.
 #[derive(Debug, Clone)]

@@ -3,8 +3,8 @@
 
 use super::{cases, pieces};
 use proptest::prelude::*;
-use retrace::trace::ErrorCategory;
-use retrace_cli::eval::{Record, records_from_bytes};
+use retrace::ErrorCategory;
+use retrace_cli::{Record, records_from_bytes};
 use std::path::Path;
 
 #[derive(Debug, Clone)]

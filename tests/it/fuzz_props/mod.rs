@@ -6,9 +6,9 @@ mod data;
 mod request;
 
 use proptest::prelude::*;
+use retrace::ErrorCategory;
 use retrace::fuzzing::segment;
-use retrace::judge::parse::{ParseError, Parsed, parse_json_reply, parse_reply, vote};
-use retrace::trace::ErrorCategory;
+use retrace::fuzzing::{ParseError, Parsed, parse_json_reply, parse_reply, vote};
 
 pub(crate) fn cases() -> ProptestConfig {
     ProptestConfig::with_cases(300)

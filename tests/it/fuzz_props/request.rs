@@ -5,9 +5,9 @@
 use super::cases;
 use proptest::prelude::*;
 use prost::Message;
-use retrace::api::{pb, to_status};
-use retrace::engine::EngineError;
+use retrace::EngineError;
 use retrace::fuzzing::{parse_evaluate, parse_rank, segment};
+use retrace::{pb, to_status};
 
 fn trace() -> impl Strategy<Value = pb::Trace> {
     (

@@ -5,7 +5,7 @@
 use super::{ContenderRun, Workload};
 use crate::eval::connection_lost;
 use anyhow::Context;
-use retrace::api::pb;
+use retrace::pb;
 use std::sync::Arc;
 use tonic::transport::Channel;
 

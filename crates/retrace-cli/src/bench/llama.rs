@@ -6,7 +6,7 @@
 use super::procs::{Guard, free_port, wait_until};
 use super::{BenchTrace, ContenderRun, Workload};
 use anyhow::{Context, bail};
-use retrace::prm::format::CHAT_LM_INSTRUCTION;
+use retrace::CHAT_LM_INSTRUCTION;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
@@ -64,7 +64,7 @@ impl LlamaServer {
             // Spinning OpenMP workers starve everything else on a shared machine.
             .env("OMP_WAIT_POLICY", "passive");
         let mut guard = Guard::spawn("llama-server", cmd, log)?;
-        let http = retrace::upstream::http_client()?;
+        let http = retrace::http_client()?;
         let base = format!("http://127.0.0.1:{port}");
         let health = format!("{base}/health");
         wait_until(&mut guard, Duration::from_secs(120), || {

@@ -22,7 +22,7 @@ use crate::eval::{EvalBackend, read_records};
 use anyhow::{Context, bail};
 use gemm::Shapes;
 use procs::{Guard, free_port};
-use retrace::prm::format::Formatter;
+use retrace::Formatter;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -219,7 +219,7 @@ impl Workload {
         for record in read_records(&opts.data)?.take(opts.limit) {
             let r = record?;
             // The server's own edge parsing, so the text scored here is the text it scores.
-            let parts = retrace::api::TraceParts {
+            let parts = retrace::TraceParts {
                 question: r.question,
                 options: r.options,
                 steps: r.steps,
@@ -227,14 +227,14 @@ impl Workload {
                 ..Default::default()
             };
             let trace = parts
-                .parse(&retrace::field::FieldPath::key("trace"))
+                .parse(&retrace::FieldPath::key("trace"))
                 .map_err(|e| anyhow::anyhow!("{}: trace {}: {e}", opts.data.display(), r.id))?;
             let encoded = formatter.encode(&trace)?;
             tokens += encoded.ids.len();
             steps += encoded.positions.len();
             flops += shapes.trace_flops(encoded.ids.len(), encoded.positions.len());
             traces.push(BenchTrace {
-                question: retrace::prm::format::question_text(&trace),
+                question: retrace::question_text(&trace),
                 steps: trace.step_texts().map(str::to_string).collect(),
                 tokens: encoded.ids.len(),
             });
@@ -254,7 +254,7 @@ impl Workload {
 fn cache_dir(opts: &BenchOptions) -> PathBuf {
     opts.cache_dir
         .clone()
-        .unwrap_or_else(|| retrace::env::Env::process().cache_dir())
+        .unwrap_or_else(|| retrace::Env::process().cache_dir())
 }
 
 /// Runs the benchmark the flags name and prints its report.
@@ -325,8 +325,7 @@ fn start_server(
 async fn connect_child(
     guard: &mut Guard,
     addr: &str,
-) -> anyhow::Result<retrace::api::pb::evaluator_client::EvaluatorClient<tonic::transport::Channel>>
-{
+) -> anyhow::Result<retrace::pb::evaluator_client::EvaluatorClient<tonic::transport::Channel>> {
     let started = Instant::now();
     loop {
         guard.check_alive()?;

@@ -3,7 +3,7 @@
 
 use super::gemm::{Peak, Shapes};
 use candle_core::{DType, Device};
-use retrace::prm::format::{Family, Formatter};
+use retrace::{Family, Formatter};
 use retrace_model::PrmModel;
 use std::path::Path;
 use std::time::Instant;

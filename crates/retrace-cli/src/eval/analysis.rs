@@ -4,7 +4,7 @@
 use super::best_of_n::{BestOfN, Groups};
 use super::metric::{Accumulator, Summary};
 use super::predictions::Row;
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -87,12 +87,12 @@ impl GeneratorStats {
     }
 
     /// Share of traces whose final answer is correct, in percent.
-    pub fn answer_acc(&self) -> Option<f64> {
+    pub(crate) fn answer_acc(&self) -> Option<f64> {
         self.pct(self.answer_correct)
     }
 
     /// Share with a correct answer and no wrong step: by the gold labels, or by the evaluator.
-    pub fn reasoning_acc(&self, predicted: bool) -> Option<f64> {
+    pub(crate) fn reasoning_acc(&self, predicted: bool) -> Option<f64> {
         self.pct(if predicted {
             self.sound_predicted
         } else {
@@ -101,12 +101,12 @@ impl GeneratorStats {
     }
 
     /// Points lost going from answer-only to reasoning-aware accuracy.
-    pub fn inflation(&self, predicted: bool) -> Option<f64> {
+    pub(crate) fn inflation(&self, predicted: bool) -> Option<f64> {
         Some(self.answer_acc()? - self.reasoning_acc(predicted)?)
     }
 
     /// Share of correct answers whose trace has a wrong step, in percent.
-    pub fn process_error_rate(&self, predicted: bool) -> Option<f64> {
+    pub(crate) fn process_error_rate(&self, predicted: bool) -> Option<f64> {
         let sound = if predicted {
             self.sound_predicted
         } else {

@@ -2,9 +2,9 @@
 //! evaluators of a config loaded in this process.
 
 use super::{EvalError, shown};
-use retrace::api::pb;
-use retrace::config::Config;
-use retrace::engine::Engine;
+use retrace::Config;
+use retrace::Engine;
+use retrace::pb;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;

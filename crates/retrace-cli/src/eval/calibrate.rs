@@ -249,7 +249,7 @@ impl Curve {
         }
     }
 
-    pub fn split_f1(&self, split: usize, k: usize) -> f64 {
+    pub(crate) fn split_f1(&self, split: usize, k: usize) -> f64 {
         self.counts(split, k).f1().unwrap_or(0.0)
     }
 
@@ -275,14 +275,14 @@ impl Curve {
     }
 
     /// Each split's own best threshold.
-    pub fn best_per_split(&self) -> Vec<(String, ThresholdChoice)> {
+    pub(crate) fn best_per_split(&self) -> Vec<(String, ThresholdChoice)> {
         (0..self.splits.len())
             .map(|s| (self.splits[s].clone(), self.choose(|k| self.split_f1(s, k))))
             .collect()
     }
 
     /// (threshold, mean F1, F1 per split) at `n + 1` evenly spaced thresholds in [0, 1]: for plots.
-    pub fn sampled(&self, n: usize) -> Vec<(f32, f64, Vec<f64>)> {
+    pub(crate) fn sampled(&self, n: usize) -> Vec<(f32, f64, Vec<f64>)> {
         (0..=n)
             .map(|i| {
                 let t = i as f32 / n as f32;

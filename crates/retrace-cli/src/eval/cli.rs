@@ -9,7 +9,7 @@ use super::predictions::{Row, read_rows};
 use super::report::{Calibration, Report, render_html, render_markdown};
 use super::run::{RunSpec, RunStats, score};
 use super::{EvalError, ensure_dir, shown};
-use retrace::config::Config;
+use retrace::Config;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -118,7 +118,7 @@ pub(crate) async fn backend(c: &ConnectOptions) -> Result<EvalBackend, EvalError
     match (&c.server, &c.config) {
         (Some(addr), None) => {
             let token = match &c.token_env {
-                Some(var) => Some(retrace::env::Env::process().secret(var).ok_or_else(|| {
+                Some(var) => Some(retrace::Env::process().secret(var).ok_or_else(|| {
                     EvalError::Usage(format!("--token-env names {var}, which is not set"))
                 })?),
                 None => None,

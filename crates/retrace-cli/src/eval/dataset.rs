@@ -13,7 +13,7 @@
 //! - `reference_answer`, `final_answer_correct`, `generator`, optional;
 //! - `dataset`: the split the row counts under; default the file's stem (`gsm8k.json` -> gsm8k).
 
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
 use serde::Deserialize;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -42,7 +42,7 @@ pub struct Record {
 
 /// What rows are read for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Purpose {
+pub(crate) enum Purpose {
     /// Scoring against labels: every row needs its `label`.
     #[default]
     Eval,
@@ -277,14 +277,9 @@ impl Records {
     }
 
     /// Reads the rows for `purpose` (`Purpose::Eval` unless set).
-    pub fn for_purpose(mut self, purpose: Purpose) -> Self {
+    pub(crate) fn for_purpose(mut self, purpose: Purpose) -> Self {
         self.purpose = purpose;
         self
-    }
-
-    /// The split a row without `dataset` counts under: the file's stem.
-    pub fn default_split(&self) -> &str {
-        &self.split
     }
 
     /// The next row's line and text, unparsed.
@@ -425,7 +420,7 @@ fn gold(
 impl Records {
     /// The next record with the line it starts on (for errors found after reading, such as a
     /// label past the steps a `text` segments into).
-    pub fn next_located(&mut self) -> Option<Result<(usize, Record), DataError>> {
+    pub(crate) fn next_located(&mut self) -> Option<Result<(usize, Record), DataError>> {
         let (line, text) = match self.next_raw()? {
             Ok(x) => x,
             Err(e) => return Some(Err(e)),

@@ -9,11 +9,11 @@ use super::predictions::Outcome;
 use super::run::RunSpec;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use retrace::api::TraceParts;
-use retrace::api::pb;
-use retrace::engine::{Engine, EngineError, Origin, Request};
-use retrace::field::FieldPath;
-use retrace::trace::Verdict;
+use retrace::FieldPath;
+use retrace::TraceParts;
+use retrace::Verdict;
+use retrace::pb;
+use retrace::{Engine, EngineError, Origin, Request};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -270,7 +270,7 @@ fn outcome_of(resp: pb::EvaluateResponse) -> Outcome {
             message: format!("{code:?}: {}", e.message),
         };
     }
-    let category = retrace::api::category_from_pb(resp.category);
+    let category = retrace::category_from_pb(resp.category);
     Outcome::Judged {
         evaluator: resp.evaluator,
         first_error: resp.first_error_index,

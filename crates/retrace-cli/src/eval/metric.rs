@@ -108,7 +108,7 @@ fn mean(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 }
 
 impl Summary {
-    pub fn from_splits(splits: Vec<SplitScore>) -> Summary {
+    pub(crate) fn from_splits(splits: Vec<SplitScore>) -> Summary {
         let average = Averages {
             error_acc: mean(splits.iter().map(|s| s.error_acc)),
             correct_acc: mean(splits.iter().map(|s| s.correct_acc)),

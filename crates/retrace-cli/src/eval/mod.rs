@@ -38,9 +38,11 @@ pub use cli::{
     CalibrateOptions, Calibrated, ConnectOptions, EvalOptions, EvalOutcome, calibrate, eval,
 };
 pub(crate) use cli::{backend, spec};
-pub use dataset::{DataError, Purpose, Record, Records, read_records, records_from_bytes};
-pub use metric::{Averages, Counts, SplitScore, Summary};
-pub use predictions::{Outcome, Row, read_rows};
+pub(crate) use dataset::Purpose;
+pub use dataset::{DataError, Record, Records, read_records, records_from_bytes};
+pub use metric::{Averages, SplitScore, Summary};
+pub(crate) use predictions::Outcome;
+pub use predictions::{Row, read_rows};
 pub use report::{Calibration, Report, render_html, render_markdown};
 /// What other tools' reports reuse: sections, tables and plots in the same style.
 pub(crate) mod style {
@@ -65,14 +67,14 @@ pub enum EvalError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Config(#[from] retrace::config::ConfigError),
+    Config(#[from] retrace::ConfigError),
     #[error("connecting to {addr}: {message}")]
     Connect { addr: String, message: String },
     /// The stream to the server broke off; what was written so far is kept (rerun to resume).
     #[error("the evaluation stream failed: {0}; predictions so far are kept, rerun to resume")]
     Stream(String),
     #[error("loading evaluators: {0}")]
-    Load(retrace::engine::EngineError),
+    Load(retrace::EngineError),
     /// A flag combination or a file's contents make the request impossible.
     #[error("{0}")]
     Usage(String),

@@ -6,7 +6,7 @@ use super::calibrate::{Curve, ThresholdChoice};
 use super::metric::Summary;
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
 use std::collections::BTreeMap;
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;

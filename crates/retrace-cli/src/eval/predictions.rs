@@ -5,7 +5,7 @@ use super::dataset::{DataError, Record};
 use super::jsonl::{self, Writer};
 use super::run::Output;
 use super::{EvalError, shown};
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;

@@ -6,7 +6,7 @@ use super::best_of_n::BestOfN;
 use super::calibrate::{Curve, ThresholdChoice};
 use super::metric::Summary;
 use super::plots::{self, html_escape};
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
 
 /// Everything a report shows.
 pub struct Report {

@@ -11,9 +11,10 @@ mod files;
 mod output;
 mod row;
 
-pub use output::{Failure, Tally};
+pub(crate) use output::Tally;
 
-use crate::eval::run::{self, RunStats};
+use crate::eval::RunStats;
+use crate::eval::run;
 use crate::eval::{ConnectOptions, EvalError, Purpose};
 use files::{Paths, Resume};
 use output::LabelOutput;
@@ -181,6 +182,7 @@ fn summary(o: &LabelOutcome, bar: Option<f32>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use output::Failure;
 
     #[test]
     fn the_summary_names_files_bar_and_failures() {

@@ -32,7 +32,7 @@ pub struct Tally {
 }
 
 impl Tally {
-    pub fn written_total(&self) -> usize {
+    pub(crate) fn written_total(&self) -> usize {
         self.written.values().sum()
     }
 }
@@ -112,7 +112,7 @@ impl Output for LabelOutput {
 mod tests {
     use super::*;
     use crate::eval::{Purpose, records_from_bytes};
-    use retrace::trace::ErrorCategory;
+    use retrace::ErrorCategory;
     use std::path::Path;
 
     fn records() -> Vec<Record> {

@@ -3,7 +3,7 @@
 //! `train-head` read, and what it rests on (`rationale`, `labelled_by`, `agreement`).
 
 use crate::eval::Record;
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
 use serde_json::{Map, Value};
 
 /// What the evaluator said about one trace.

@@ -9,7 +9,7 @@ use super::select::{Problem, StepFit, categories_at, category_classes, fit_categ
 use super::taps::Tap;
 use crate::eval::{Curve, ThresholdChoice, sweep};
 use candle_core::{Result, Tensor};
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
 
 /// One candidate tap's features: a row per step of every trace, in trace order.
 pub(crate) struct Candidate {

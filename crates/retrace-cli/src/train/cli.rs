@@ -12,9 +12,9 @@ use super::select::{CATEGORIES, Problem, TraceRows};
 use super::taps::{self, Tap};
 use super::{TrainError, report};
 use crate::eval::{Analysis, Outcome as RowOutcome, Row, first_below};
-use retrace::prm::format::Family;
-use retrace::prm::{DeviceSpec, Dtype};
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
+use retrace::Family;
+use retrace::{DeviceSpec, Dtype};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -286,7 +286,7 @@ pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
         dir: opts
             .cache
             .clone()
-            .unwrap_or_else(|| retrace::env::Env::process().cache_dir().join("features")),
+            .unwrap_or_else(|| retrace::Env::process().cache_dir().join("features")),
     };
     let sets = [&split.data, &split.dev_data, &split.test_data];
     let (rows, extraction) = features(&base, &taps, &sets, &cache, &progress)?;

@@ -140,7 +140,7 @@ fn steps_of(
         return Ok(record.steps.clone());
     }
     let text = record.text.as_deref().unwrap_or_default();
-    let steps: Vec<String> = retrace::segment::segment(text)
+    let steps: Vec<String> = retrace::segment(text)
         .into_iter()
         .map(|r| text[r].to_string())
         .collect();

@@ -8,10 +8,10 @@ use super::progress::Progress;
 use super::taps::Tap;
 use crate::eval::DataError;
 use candle_core::{Device, Tensor};
-use retrace::prm::features::{ExtractError, Extractor};
-use retrace::prm::format::Family;
-use retrace::prm::{Backend, CandleConfig, DeviceSpec, Dtype, PrmConfig};
-use retrace::trace::{Step, Trace};
+use retrace::Family;
+use retrace::{Backend, CandleConfig, DeviceSpec, Dtype, PrmConfig};
+use retrace::{ExtractError, Extractor};
+use retrace::{Step, Trace};
 use std::path::{Path, PathBuf};
 
 /// The base, loaded, with what ties features to it.

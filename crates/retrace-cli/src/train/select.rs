@@ -7,7 +7,7 @@ use super::fit::{self, Data, Epoch, Examples, Fitted, Loss, Params};
 use super::head::{Head, HeadKind, Standardiser};
 use crate::eval::{ScoredTrace, ThresholdChoice, sweep};
 use candle_core::{Result, Tensor};
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
 
 /// The category head's classes, in its output order.
 pub(crate) const CATEGORIES: [ErrorCategory; 4] = ErrorCategory::LABELLED;

@@ -9,7 +9,7 @@ use super::select::{CATEGORIES, Problem, TraceRows, fit_step};
 use super::taps::Tap;
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use retrace::trace::ErrorCategory;
+use retrace::ErrorCategory;
 
 const H: usize = 24;
 

@@ -19,7 +19,7 @@ use super::{BenchOptions, BenchTrace, Workload};
 use crate::eval::read_records;
 use anyhow::{Context, bail};
 use report::ReuseSample;
-use retrace::api::pb;
+use retrace::pb;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -261,12 +261,12 @@ async fn start_llama(
 
 /// The server's tokens computed and reused so far.
 async fn counters(url: &str) -> anyhow::Result<(f64, f64)> {
-    let http = retrace::upstream::http_client()?;
+    let http = retrace::http_client()?;
     let text = http.get(url).send().await?.text().await?;
     let read = |kind: &str| {
         let key = format!(
             "{}{{evaluator=\"bench\",kind=\"{kind}\"}} ",
-            retrace::metrics::PREFIX_TOKENS
+            retrace::PREFIX_TOKENS
         );
         text.lines()
             .find_map(|l| l.strip_prefix(&key))
@@ -467,7 +467,7 @@ fn burst_jobs(opts: &BenchOptions, marker: &str) -> anyhow::Result<Vec<ReuseJob>
 
 /// Which traces fit the model's context (the longest olympiadbench ones may not).
 struct Fits {
-    formatter: retrace::prm::format::Formatter,
+    formatter: retrace::Formatter,
     limit: usize,
 }
 
@@ -481,7 +481,7 @@ impl Fits {
     }
 
     fn check(&self, question: &str, steps: &[String]) -> bool {
-        let trace = retrace::trace::Trace::of_steps(question, steps);
+        let trace = retrace::Trace::of_steps(question, steps);
         self.formatter
             .encode(&trace)
             .is_ok_and(|e| e.ids.len() <= self.limit)

@@ -216,6 +216,6 @@ fn cache_budget(opts: &BenchOptions) -> usize {
         .rev()
         .find_map(|s| s.strip_prefix("evaluator.bench.prefix_cache_mb="))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(retrace::prm::defaults::PREFIX_CACHE_MB);
+        .unwrap_or(retrace::defaults::PREFIX_CACHE_MB);
     mb << 20
 }
