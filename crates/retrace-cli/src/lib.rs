@@ -4,10 +4,11 @@
 //! none of their dependencies (anyhow, plotters, indicatif).
 //!
 //! # Layout
-//! - `eval/` (`retrace eval`, `retrace calibrate`): datasets, the ProcessBench metric, the
-//!   threshold sweep, reports.
-//! - `label/` (`retrace label`): an evaluator's verdicts written as dataset rows, on eval's
-//!   reader and runner.
+//! - `common/`: the floor every tool stands on: datasets and JSONL, the client and the resumable
+//!   run driver, the ProcessBench metric and the threshold sweep, reports in one style. The
+//!   tools above it import it and never each other.
+//! - `eval/` (`retrace eval`, `retrace calibrate`): the two commands' options and flow.
+//! - `label/` (`retrace label`): an evaluator's verdicts written as dataset rows.
 //! - `bench/` (`retrace bench`): scoring speed against llama-server and the machine's peak.
 //! - `score.rs` (`retrace score`): a client that prints verdicts as tables.
 //! - `train/` (`retrace train-head`): a PRM head on a frozen decoder's features.
@@ -16,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod common;
 mod eval;
 mod label;
 mod score;
@@ -24,13 +26,13 @@ mod train;
 // The tools' face: what the binary (`main.rs`) and the tests name. The rest is the tools' own,
 // so `unreachable_pub` and the dead-code lints see all of it.
 pub use bench::{BenchOptions, bench};
-pub use eval::{
-    Analysis, AnswerLevel, Averages, BestOfN, CalibrateOptions, Calibrated, Calibration,
-    CategoryStats, ConnectOptions, Curve, DataError, EvalError, EvalOptions, EvalOutcome,
-    GeneratorStats, Record, Records, Report, Row, RunStats, ScoredTrace, SelectorShare, SplitScore,
-    Summary, ThresholdChoice, calibrate, eval, first_below, read_records, read_rows,
+pub use common::{
+    Analysis, AnswerLevel, Averages, BestOfN, Calibration, CategoryStats, ConnectOptions, Curve,
+    DataError, EvalError, GeneratorStats, Record, Records, Report, Row, RunStats, ScoredTrace,
+    SelectorShare, SplitScore, Summary, ThresholdChoice, first_below, read_records, read_rows,
     records_from_bytes, render_html, render_markdown, rethreshold, sweep,
 };
+pub use eval::{CalibrateOptions, Calibrated, EvalOptions, EvalOutcome, calibrate, eval};
 pub use label::{LabelOptions, LabelOutcome, label};
 pub use score::{ScoreOptions, score};
 pub use train::{Extraction, TrainError, TrainOptions, Trained, train_head};

@@ -1,7 +1,7 @@
 //! `retrace score`: sends traces to a running server and prints each verdict as a per-step table
 //! (score, a bar, the first error marked, its category) or as proto3 JSON lines.
 
-use crate::eval::EvalBackend;
+use crate::common::EvalBackend;
 use anyhow::{Context, anyhow, bail};
 use retrace::pb;
 use std::io::{BufRead, IsTerminal, Write};

@@ -43,7 +43,7 @@ fn row() -> impl Strategy<Value = Row> {
         })
 }
 
-/// Whether the reader must accept `row`, by the rules in `src/eval/dataset.rs`'s header.
+/// Whether the reader must accept `row`, by the rules in `crates/retrace-cli/src/common/dataset.rs`'s header.
 fn valid(row: &Row) -> bool {
     let blank = |s: &Option<String>| s.as_deref().is_none_or(|s| s.trim().is_empty());
     let label_ok = row.label >= -1 && (row.steps.is_empty() || row.label < row.steps.len() as i64);

@@ -3,7 +3,7 @@
 //! connection's retirement cut off counts once, sent again).
 
 use super::{ContenderRun, Workload};
-use crate::eval::connection_lost;
+use crate::common::connection_lost;
 use anyhow::Context;
 use retrace::pb;
 use std::sync::Arc;

@@ -18,7 +18,7 @@ mod reuse;
 mod scaling;
 mod speed;
 
-use crate::eval::{EvalBackend, read_records};
+use crate::common::{EvalBackend, read_records};
 use anyhow::{Context, bail};
 use gemm::Shapes;
 use procs::{Guard, free_port};

@@ -8,7 +8,7 @@ use super::procs::Guard;
 use super::report::{Contender, SpeedReport, SpeedSample};
 use super::scaling::{self, Point};
 use super::{BenchOptions, Workload, cache_dir, grpc, write_out};
-use crate::eval::EvalBackend;
+use crate::common::EvalBackend;
 use anyhow::{Context, bail};
 use retrace::pb::evaluator_client::EvaluatorClient;
 use retrace::{Family, Formatter};

@@ -2,8 +2,8 @@
 //! agreement bar), OUT's held-back sidecar (rows below it), OUT's failures sidecar (rows the
 //! last run could not label, retried); the keys a rerun skips; rows moved across a changed bar.
 
-use crate::eval::run::Key;
-use crate::eval::{DataError, EvalError, jsonl};
+use crate::common::Key;
+use crate::common::{DataError, EvalError, jsonl};
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::fs::File;

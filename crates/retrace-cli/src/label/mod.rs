@@ -13,9 +13,9 @@ mod row;
 
 pub(crate) use output::Tally;
 
-use crate::eval::RunStats;
-use crate::eval::run;
-use crate::eval::{ConnectOptions, EvalError, Purpose};
+use crate::common::RunStats;
+use crate::common::run;
+use crate::common::{ConnectOptions, EvalError, Purpose};
 use files::{Paths, Resume};
 use output::LabelOutput;
 use std::path::PathBuf;
@@ -65,13 +65,13 @@ pub struct LabelOutcome {
 /// so a script sees the run is not done.
 pub async fn label(opts: LabelOptions) -> Result<LabelOutcome, EvalError> {
     check(&opts)?;
-    let backend = crate::eval::backend(&opts.connect).await?;
+    let backend = crate::common::backend(&opts.connect).await?;
     let evaluator = opts.evaluator.clone().unwrap_or_default();
-    let mut spec = crate::eval::spec(&opts.connect, &opts.data, &evaluator, None);
+    let mut spec = crate::common::run_spec(&opts.connect, &opts.data, &evaluator, None);
     spec.purpose = Purpose::Label;
     let spec = run::resolve(&backend, &spec).await?;
     if let Some(dir) = opts.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        crate::eval::ensure_dir(dir)?;
+        crate::common::ensure_dir(dir)?;
     }
     let paths = Paths::new(&opts.out);
     let Resume {

@@ -4,9 +4,9 @@
 
 use super::files::{Paths, meets};
 use super::row::{self, Verdict};
-use crate::eval::jsonl::Writer;
-use crate::eval::run::Output;
-use crate::eval::{EvalError, Outcome, Record};
+use crate::common::Output;
+use crate::common::jsonl::Writer;
+use crate::common::{EvalError, Outcome, Record};
 use std::collections::BTreeMap;
 
 /// A request that failed: the row's key and why.
@@ -111,7 +111,7 @@ impl Output for LabelOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::{Purpose, records_from_bytes};
+    use crate::common::{Purpose, records_from_bytes};
     use retrace::ErrorCategory;
     use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! verdict written over them as dataset fields (`label`, `category`) that `eval` and
 //! `train-head` read, and what it rests on (`rationale`, `labelled_by`, `agreement`).
 
-use crate::eval::Record;
+use crate::common::Record;
 use retrace::ErrorCategory;
 use serde_json::{Map, Value};
 
@@ -84,7 +84,7 @@ fn non_empty_string(v: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::{Purpose, records_from_bytes};
+    use crate::common::{Purpose, records_from_bytes};
     use serde_json::json;
     use std::path::Path;
 

@@ -7,7 +7,7 @@ use super::head::{Head, HeadKind, Standardiser};
 use super::progress::Progress;
 use super::select::{Problem, StepFit, categories_at, category_classes, fit_category, fit_step};
 use super::taps::Tap;
-use crate::eval::{Curve, ThresholdChoice, sweep};
+use crate::common::{Curve, ThresholdChoice, sweep};
 use candle_core::{Result, Tensor};
 use retrace::ErrorCategory;
 

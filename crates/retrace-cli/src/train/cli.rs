@@ -11,7 +11,7 @@ use super::progress::Progress;
 use super::select::{CATEGORIES, Problem, TraceRows};
 use super::taps::{self, Tap};
 use super::{TrainError, report};
-use crate::eval::{Analysis, Outcome as RowOutcome, Row, first_below};
+use crate::common::{Analysis, Outcome as RowOutcome, Row, first_below};
 use retrace::ErrorCategory;
 use retrace::Family;
 use retrace::{DeviceSpec, Dtype};

@@ -4,7 +4,7 @@
 
 use super::TrainError;
 use super::checksum::file_sha256;
-use crate::eval::{DataError, Record, read_records};
+use crate::common::{DataError, Record, read_records};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::Serialize;

@@ -6,7 +6,7 @@ use super::cache::{Entry, FeatureCache, Key};
 use super::data::{Dataset, Labelled};
 use super::progress::Progress;
 use super::taps::Tap;
-use crate::eval::DataError;
+use crate::common::DataError;
 use candle_core::{Device, Tensor};
 use retrace::Family;
 use retrace::{Backend, CandleConfig, DeviceSpec, Dtype, PrmConfig};

@@ -26,7 +26,7 @@ mod tests;
 pub use cli::{TrainOptions, Trained, train_head};
 pub use extract::Extraction;
 
-use crate::eval::DataError;
+use crate::common::DataError;
 
 /// Every way `train-head` fails.
 #[derive(Debug, thiserror::Error)]

@@ -5,8 +5,8 @@
 use super::choose::Outcome;
 use super::fit::Epoch;
 use super::output::HeadConfig;
-use crate::eval::Analysis;
-use crate::eval::style::{
+use crate::common::Analysis;
+use crate::common::style::{
     PlotResult, SPLIT_COLORS, Section, Table, categories_section, html, markdown, metric_section,
     section, svg, table, threshold_curve,
 };

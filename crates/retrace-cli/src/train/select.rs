@@ -5,7 +5,7 @@
 use super::data::{self, Target};
 use super::fit::{self, Data, Epoch, Examples, Fitted, Loss, Params};
 use super::head::{Head, HeadKind, Standardiser};
-use crate::eval::{ScoredTrace, ThresholdChoice, sweep};
+use crate::common::{ScoredTrace, ThresholdChoice, sweep};
 use candle_core::{Result, Tensor};
 use retrace::ErrorCategory;
 

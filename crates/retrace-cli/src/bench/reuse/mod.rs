@@ -16,7 +16,7 @@ use super::grpc::again_if_cut;
 use super::llama::LlamaServer;
 use super::procs::Guard;
 use super::{BenchOptions, BenchTrace, Workload};
-use crate::eval::read_records;
+use crate::common::read_records;
 use anyhow::{Context, bail};
 use report::ReuseSample;
 use retrace::pb;

@@ -4,42 +4,15 @@
 //! already holds are skipped, so a rerun resumes.
 
 use super::backend::EvalBackend;
-use super::dataset::{self, DataError, Purpose, Record};
+use super::dataset::{self, DataError, Record};
 use super::jsonl::Writer;
 use super::judging::{Judge, Local, Remote};
-use super::predictions::{self, Outcome, Predictions};
+use super::predictions::{self, Predictions};
+use super::spec::{Key, Outcome, Output, RunSpec};
 use super::{EvalError, shown};
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tokio::sync::mpsc;
-
-/// What to judge and how.
-#[derive(Debug, Clone)]
-pub(crate) struct RunSpec {
-    pub(crate) files: Vec<PathBuf>,
-    /// Empty: the server's default.
-    pub(crate) evaluator: String,
-    /// Overrides the evaluator's threshold.
-    pub(crate) threshold: Option<f32>,
-    /// Requests in flight at once.
-    pub(crate) concurrency: usize,
-    /// At most this many rows from each file.
-    pub(crate) limit: Option<usize>,
-    /// Skip (and count) bad rows instead of stopping at the first.
-    pub(crate) skip_bad: bool,
-    pub(crate) progress: bool,
-    /// What the rows are read for: `label` reads unlabelled rows and keeps their fields.
-    pub(crate) purpose: Purpose,
-}
-
-/// A record's resume key: its split and id (ids are unique within a split).
-pub(crate) type Key = (String, String);
-
-/// Where a run's answers go.
-pub(crate) trait Output {
-    /// Keeps what the evaluator said about `record`.
-    fn write(&mut self, record: Record, outcome: Outcome) -> Result<(), EvalError>;
-}
 
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

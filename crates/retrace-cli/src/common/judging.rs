@@ -5,8 +5,7 @@
 use super::EvalError;
 use super::backend::connection_lost;
 use super::dataset::Record;
-use super::predictions::Outcome;
-use super::run::RunSpec;
+use super::spec::{Outcome, RunSpec};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use retrace::FieldPath;

@@ -3,7 +3,7 @@
 
 use super::dataset::{DataError, Record};
 use super::jsonl::{self, Writer};
-use super::run::Output;
+use super::spec::{Outcome, Output};
 use super::{EvalError, shown};
 use retrace::ErrorCategory;
 use serde::{Deserialize, Serialize};
@@ -54,35 +54,6 @@ pub struct Row {
     /// A hash of the question: rows that share it are candidates for one question (Best-of-N).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub question_key: Option<String>,
-}
-
-/// What the evaluator said about a record.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    Judged {
-        evaluator: String,
-        first_error: i32,
-        category: ErrorCategory,
-        step_scores: Vec<f32>,
-        threshold: f32,
-        trace_score: f32,
-        outcome_score: Option<f32>,
-        /// The steps judged: the record's, or the server's segmentation of its `text`.
-        steps: Vec<String>,
-        rationale: Option<String>,
-        /// A voting judge's agreement with its first error (see the API's `agreement`).
-        agreement: Option<f32>,
-    },
-    Failed {
-        evaluator: String,
-        message: String,
-    },
-}
-
-impl Outcome {
-    pub fn failed(&self) -> bool {
-        matches!(self, Outcome::Failed { .. })
-    }
 }
 
 impl Row {
