@@ -128,9 +128,10 @@ impl Batch<'_> {
         taps: &[usize],
     ) -> Result<Pass, ModelError> {
         let mut cache = match self.cache {
-            Some(c) => Some(c.lock().map_err(|_| {
-                ModelError::BadInput("the prefix cache was poisoned by a panic".into())
-            })?),
+            Some(c) => Some(
+                c.lock()
+                    .map_err(|_| ModelError::Poisoned("the prefix cache"))?,
+            ),
             None => None,
         };
         let deep = taps.iter().any(|&l| l + 2 < self.decoder.n_layers());

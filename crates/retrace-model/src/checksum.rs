@@ -2,7 +2,7 @@
 //! a head is never served over other weights than its own.
 
 use crate::error::ModelError;
-use crate::model::is_gguf;
+use crate::gguf::is_gguf;
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;

@@ -25,6 +25,9 @@ pub enum ModelError {
     Head { path: PathBuf, reason: String },
     #[error("bad input: {0}")]
     BadInput(String),
+    /// A lock a panicking thread held: what it guards may be half-written, so it is not used.
+    #[error("{0} was poisoned by a panic")]
+    Poisoned(&'static str),
     #[error("device {name:?}: {reason}")]
     Device { name: String, reason: String },
     #[error("candle: {0}")]

@@ -477,6 +477,12 @@ impl SimpleBackend for GgufTensors {
     }
 }
 
+/// Whether `path` names a GGUF checkpoint (a file ending in `.gguf`) rather than a folder.
+pub fn is_gguf(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

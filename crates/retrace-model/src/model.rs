@@ -7,7 +7,7 @@ use crate::classifier::ClassifierConfig;
 use crate::config::ModelConfig;
 use crate::decoder::Decoder;
 use crate::error::ModelError;
-use crate::gguf::{Gguf, GgufTensors};
+use crate::gguf::{Gguf, GgufTensors, is_gguf};
 use crate::head::{Head, HeadSpec, matrix_rows};
 use crate::kernels::Kernels;
 use crate::prefix_cache::PrefixCache;
@@ -188,7 +188,6 @@ impl PrmModel {
         batch: &[&[u32]],
         positions: &[&[usize]],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.check_input(batch, positions)?;
         Ok(self
             .score_rows(batch, positions)?
             .into_iter()
@@ -255,12 +254,15 @@ impl PrmModel {
 
     /// `score`, with each row's tokens computed and reused. With the prefix cache on, each row
     /// starts from its longest cached prefix, and what the batch computes is cached after (as
-    /// much as the budget holds, least recently used evicted first).
+    /// much as the budget holds, least recently used evicted first). Input is checked as
+    /// `score` checks it: a row too long, a token outside the vocabulary or a position past its
+    /// row is refused, never indexed.
     pub fn score_rows(
         &self,
         batch: &[&[u32]],
         positions: &[&[usize]],
     ) -> Result<Vec<Row>, ModelError> {
+        self.check_input(batch, positions)?;
         self.batch().score(batch, positions)
     }
 
@@ -273,12 +275,6 @@ impl PrmModel {
             share: self.share,
         }
     }
-}
-
-/// Whether `path` names a GGUF checkpoint (a file ending in `.gguf`) rather than a folder.
-pub fn is_gguf(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
 fn read(path: &Path) -> Result<String, ModelError> {

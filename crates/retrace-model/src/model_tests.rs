@@ -255,8 +255,10 @@ fn load_and_input_errors_are_clear() {
 
     let model = load("skywork-prm", DType::F32);
     assert_eq!(model.max_positions(), 1024);
+    // Both public entry points check their input: `score_rows` (the batcher's) as `score` does.
     let bad = |rows: &[&[u32]], pos: &[&[usize]]| {
         matches!(model.score(rows, pos), Err(ModelError::BadInput(_)))
+            && matches!(model.score_rows(rows, pos), Err(ModelError::BadInput(_)))
     };
     assert!(bad(&[&[1, 2, 3]], &[&[3]]));
     assert!(bad(&[&[1, 2, 99_999]], &[&[0]]));
@@ -537,4 +539,21 @@ fn gguf_load_errors_name_the_file_and_what_is_missing() {
     .to_string();
     assert!(e.contains("score.0"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_prefix_cache_poisoned_by_a_panic_is_reported_as_such_not_as_bad_input() {
+    let model = with_cache("qwen2-math-prm", 1 << 20, true);
+    let cache = model.cache.as_ref().expect("a cache");
+    let _ = std::thread::scope(|s| {
+        s.spawn(|| {
+            let _held = cache.lock().unwrap();
+            panic!("a scorer dies holding the cache");
+        })
+        .join()
+    });
+    let rows: &[&[u32]] = &[&[1, 2, 3]];
+    let err = model.score_rows(rows, &[&[2]]).unwrap_err();
+    assert!(matches!(err, ModelError::Poisoned(_)), "{err}");
+    assert_eq!(err.to_string(), "the prefix cache was poisoned by a panic");
 }
