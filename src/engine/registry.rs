@@ -276,3 +276,7 @@ pub(crate) async fn any_changed(watches: &mut Vec<watch::Receiver<bool>>) {
         watches.swap_remove(i);
     }
 }
+
+#[cfg(test)]
+#[path = "registry_tests.rs"]
+mod tests;

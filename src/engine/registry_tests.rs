@@ -1,0 +1,174 @@
+//! The engine on tokio's paused clock, with a fake evaluator whose work takes a known time:
+//! admission by count, the per-evaluator gate, deadlines while queued and while judged, and a
+//! request that names no evaluator or one that is not there. Time moves only when every task
+//! waits, so each assertion about "when" is exact, not a race against the machine.
+
+use super::*;
+use crate::engine::{Job, Origin};
+use crate::trace::{Judgement, Trace};
+use futures::future::BoxFuture;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Judges any trace after `work`, counting the jobs it started.
+struct Slow {
+    work: Duration,
+    started: Arc<AtomicUsize>,
+}
+
+impl Evaluator for Slow {
+    fn describe(&self) -> Description {
+        Description {
+            kind: "prm".into(),
+            family: "fake".into(),
+            model: "slow".into(),
+        }
+    }
+
+    fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<crate::trace::Judgement, EngineError>> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            tokio::time::sleep(self.work).await;
+            Ok(Judgement::from_scores(
+                vec![0.9; job.trace.steps.len()],
+                job.threshold,
+            ))
+        })
+    }
+}
+
+fn spec(name: &str, max_concurrency: usize) -> SlotSpec {
+    SlotSpec {
+        name: name.into(),
+        threshold: None,
+        aggregate: Aggregate::default(),
+        max_steps: 100,
+        max_trace_bytes: 1 << 20,
+        max_concurrency,
+        tier: 0,
+        loading: Description {
+            kind: "prm".into(),
+            family: "fake".into(),
+            model: "slow".into(),
+        },
+    }
+}
+
+/// An engine of one evaluator `slow` whose every job takes `work`; the count of jobs started.
+async fn engine(
+    max_in_flight: usize,
+    max_concurrency: usize,
+    work: Duration,
+) -> (Arc<Engine>, Arc<AtomicUsize>) {
+    let engine = Engine::new(
+        vec![spec("slow", max_concurrency)],
+        Admission {
+            max_in_flight,
+            default: "slow".into(),
+        },
+    );
+    let started = Arc::new(AtomicUsize::new(0));
+    let counter = started.clone();
+    let loader: LoadByName = Arc::new(move |_, _| {
+        Ok(Arc::new(Slow {
+            work,
+            started: counter.clone(),
+        }) as Arc<dyn Evaluator>)
+    });
+    engine.load(loader).await.unwrap();
+    (engine, started)
+}
+
+fn request(evaluator: &str, deadline: Option<Duration>) -> Request {
+    let now = Instant::now();
+    Request {
+        evaluator: evaluator.into(),
+        trace: Arc::new(Trace::of_steps("q", &["a".into(), "b".into()])),
+        threshold: None,
+        deadline: deadline.map(|d| now + d),
+        arrived: now,
+        origin: Origin::fields(FieldPath::key("trace")),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_past_max_in_flight_are_refused_at_once_and_the_rest_served() {
+    let (engine, started) = engine(2, 2, Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    let (a, b) = (engine.clone(), engine.clone());
+    let first = tokio::spawn(async move { a.evaluate(request("", None)).await });
+    let second = tokio::spawn(async move { b.evaluate(request("", None)).await });
+    tokio::task::yield_now().await;
+    let third = engine.evaluate(request("", None)).await;
+    assert!(
+        matches!(third, Err(EngineError::Overloaded(_))),
+        "{third:?}"
+    );
+    assert_eq!(Instant::now(), t0, "the refusal waited");
+    assert!(first.await.unwrap().is_ok() && second.await.unwrap().is_ok());
+    assert_eq!(started.load(Ordering::SeqCst), 2);
+    // Both ran at once: max_concurrency 2.
+    assert_eq!(Instant::now() - t0, Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_gate_queues_past_max_concurrency_and_a_deadline_ends_the_wait_unstarted() {
+    let (engine, started) = engine(8, 1, Duration::from_secs(1)).await;
+    let t0 = Instant::now();
+    let a = engine.clone();
+    let first = tokio::spawn(async move { a.evaluate(request("slow", None)).await });
+    tokio::task::yield_now().await;
+    // Queued behind the first for its whole 1 s of work, with 0.5 s to live.
+    let late = engine
+        .evaluate(request("slow", Some(Duration::from_millis(500))))
+        .await;
+    assert!(
+        matches!(&late, Err(EngineError::DeadlineExceeded(m)) if m.contains("still queued")),
+        "{late:?}"
+    );
+    assert_eq!(Instant::now() - t0, Duration::from_millis(500));
+    assert!(first.await.unwrap().is_ok());
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "the expired request reached the model"
+    );
+    // A queued request with time to spare waits its turn and is served.
+    let b = engine.clone();
+    let t1 = Instant::now();
+    let one = tokio::spawn(async move { b.evaluate(request("slow", None)).await });
+    tokio::task::yield_now().await;
+    let two = engine
+        .evaluate(request("slow", Some(Duration::from_secs(5))))
+        .await;
+    assert!(two.is_ok(), "{two:?}");
+    assert_eq!(Instant::now() - t1, Duration::from_secs(2));
+    assert!(one.await.unwrap().is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_that_passes_while_judged_is_deadline_exceeded() {
+    let (engine, started) = engine(8, 1, Duration::from_secs(3)).await;
+    let t0 = Instant::now();
+    let r = engine
+        .evaluate(request("slow", Some(Duration::from_secs(1))))
+        .await;
+    assert!(matches!(r, Err(EngineError::DeadlineExceeded(_))), "{r:?}");
+    assert_eq!(Instant::now() - t0, Duration::from_secs(1));
+    assert_eq!(started.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_evaluator_is_bad_input_naming_the_field_and_the_choices() {
+    let (engine, started) = engine(8, 1, Duration::from_secs(1)).await;
+    let r = engine.evaluate(request("nope", None)).await;
+    match r {
+        Err(EngineError::Invalid { field, message }) => {
+            assert_eq!(field.to_string(), "evaluator", "{message}");
+            assert!(message.contains("slow"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(started.load(Ordering::SeqCst), 0);
+}
