@@ -17,7 +17,7 @@ pub use evaluator::KindConfig;
 pub(crate) use evaluator::defaults;
 pub use flags::ServerFlags;
 pub(crate) use reward::{
-    LabelsAs, QuestionFrom, RewardConfig, RewardRule, SLIME_EXTRAS, check_reward_key,
+    Gives, LabelsAs, QuestionFrom, RewardConfig, RewardRule, SLIME_EXTRAS, check_reward_key,
 };
 
 use crate::engine::{Admission, SlotSpec};

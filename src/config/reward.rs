@@ -3,7 +3,6 @@
 //! wait for it.
 
 use crate::rule::{MAX_SECONDS, Refused, refuse};
-use crate::trace::Verdict;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -247,31 +246,6 @@ impl RewardRule {
             None
         }
     }
-
-    /// The reward of `v`, a verdict over `steps` steps; the reason when `v` lacks what the rule
-    /// needs.
-    pub(crate) fn apply(self, v: &Verdict, steps: usize) -> Result<f32, &'static str> {
-        let j = &v.judgement;
-        let gives = Gives {
-            steps: !j.step_scores.is_empty(),
-            outcome: j.outcome.is_some(),
-        };
-        if let Some(why) = self.unmet(gives) {
-            return Err(why);
-        }
-        let first = j.error_index();
-        Ok(match (self, j.outcome) {
-            (RewardRule::TraceScore, _) => v.trace_score,
-            (RewardRule::Correct, _) => f32::from(u8::from(first == -1)),
-            (RewardRule::Prefix, _) if first == -1 || steps == 0 => 1.0,
-            (RewardRule::Prefix, _) => first as f32 / steps as f32,
-            (RewardRule::Outcome, Some(o)) => o.score,
-            (RewardRule::MinWithOutcome, Some(o)) => v.trace_score.min(o.sigmoid()),
-            (RewardRule::Outcome | RewardRule::MinWithOutcome, None) => {
-                return Err("needs an outcome score");
-            }
-        })
-    }
 }
 
 /// Where `/get_reward` reads the question.
@@ -300,30 +274,8 @@ pub(crate) enum LabelsAs {
 mod tests {
     use super::*;
 
-    use crate::trace::{Judgement, Outcome};
-    use std::time::Duration;
-
-    fn verdict(j: Judgement, trace_score: f32) -> Verdict {
-        Verdict {
-            evaluator: "e".into(),
-            judgement: j,
-            threshold: 0.5,
-            trace_score,
-            queue: Duration::ZERO,
-            total: Duration::ZERO,
-        }
-    }
-
     #[test]
-    fn rules() {
-        let steps = verdict(Judgement::from_scores(vec![0.9, 0.25, 0.9, 0.9], 0.5), 0.25);
-        let apply = |r: RewardRule, v: &Verdict| r.apply(v, 4);
-        assert_eq!(apply(RewardRule::TraceScore, &steps), Ok(0.25));
-        assert_eq!(apply(RewardRule::Correct, &steps), Ok(0.0));
-        assert_eq!(apply(RewardRule::Prefix, &steps), Ok(0.25));
-        let holds = verdict(Judgement::from_scores(vec![0.9; 4], 0.5), 0.9);
-        assert_eq!(apply(RewardRule::Correct, &holds), Ok(1.0));
-        assert_eq!(apply(RewardRule::Prefix, &holds), Ok(1.0));
+    fn rules_parse_by_name() {
         for r in RewardRule::ALL {
             assert_eq!(RewardRule::parse(r.as_str()), Some(r));
         }
@@ -386,28 +338,6 @@ mod tests {
             let e = config.check().unwrap_err().0;
             assert!(e.starts_with(key), "{e}");
         }
-    }
-
-    #[test]
-    fn outcome_rules_need_an_outcome_score() {
-        let steps = verdict(Judgement::from_scores(vec![0.9, 0.8], 0.5), 0.8);
-        for r in [RewardRule::Outcome, RewardRule::MinWithOutcome] {
-            assert!(r.apply(&steps, 2).unwrap_err().contains("outcome score"));
-        }
-        let mut j = Judgement::from_scores(vec![0.9, 0.8], 0.5);
-        j.outcome = Some(Outcome::new(-1.0, 0.5));
-        let both = verdict(j, 0.8);
-        assert_eq!(RewardRule::Outcome.apply(&both, 2), Ok(-1.0));
-        let low = 1.0 / (1.0 + 1f32.exp());
-        let got = RewardRule::MinWithOutcome.apply(&both, 2).unwrap();
-        assert!((got - low).abs() < 1e-6, "{got}");
-        // The steps hold, so `correct` is the PRM's even though the outcome model disagrees.
-        assert_eq!(RewardRule::Correct.apply(&both, 2), Ok(1.0));
-        let alone = verdict(Judgement::from_outcome(-1.0, 0.5), -1.0);
-        assert_eq!(RewardRule::TraceScore.apply(&alone, 2), Ok(-1.0));
-        assert_eq!(RewardRule::Correct.apply(&alone, 2), Ok(0.0));
-        assert!(RewardRule::Prefix.apply(&alone, 2).is_err());
-        assert!(RewardRule::MinWithOutcome.apply(&alone, 2).is_err());
     }
 }
 

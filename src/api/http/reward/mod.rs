@@ -5,6 +5,7 @@
 
 mod openrlhf;
 mod policy;
+mod rule;
 mod slime;
 
 pub(super) use openrlhf::Openrlhf;
@@ -377,7 +378,7 @@ fn settle(
 /// One sample's reward; a rule the verdict can't serve (a `?rule=` or `?evaluator=` override the
 /// config check could not see) is the caller's error, naming `?rule`.
 fn scored(rule: RewardRule, trace: &Trace, v: Verdict) -> Result<SampleReward, EngineError> {
-    let reward = rule.apply(&v, trace.steps.len()).map_err(|why| {
+    let reward = rule::reward(rule, &v, trace.steps.len()).map_err(|why| {
         EngineError::invalid(
             FieldPath::key("?rule"),
             format!(
