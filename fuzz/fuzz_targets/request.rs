@@ -61,8 +61,9 @@ fn refused(e: &EngineError) {
     let (EngineError::Invalid { field, .. } | EngineError::TooLarge { field, .. }) = e else {
         panic!("a request refused as something other than bad input: {e:?}");
     };
+    let field = field.to_string();
     assert!(!field.is_empty());
     let status = to_status(e);
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(status.message().contains(field.as_str()), "{status:?}");
+    assert!(status.message().contains(&field), "{status:?}");
 }
