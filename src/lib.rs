@@ -76,7 +76,9 @@ pub use api::{TraceParts, category_from_pb, pb, to_status};
 pub use cascade::CascadeConfig;
 pub use composite::CompositeConfig;
 pub use config::{Config, ConfigError, EvaluatorConfig, KindConfig, ServerConfig, ServerFlags};
-pub use engine::{Description, Engine, EngineError, Evaluator, Job, Limit, Origin, Request};
+pub use engine::{
+    Description, Engine, EngineError, Evaluator, EvaluatorLoadError, Job, Limit, Origin, Request,
+};
 pub use env::{Env, Secret};
 pub use field::FieldPath;
 pub use health::evaluator_service;
@@ -133,8 +135,11 @@ pub struct Listeners {
 pub enum ServeError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("loading evaluators: {0}")]
-    Load(EngineError),
+    #[error("loading {0}")]
+    Load(EvaluatorLoadError),
+    /// The task that loads the evaluators died (a bug, not a model's fault).
+    #[error("the loading task failed: {0}")]
+    LoadTask(String),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -168,7 +173,7 @@ pub async fn load_engine(
     engine: &Engine,
     config: &Config,
     loader: EvaluatorLoader,
-) -> Result<(), EngineError> {
+) -> Result<(), EvaluatorLoadError> {
     engine.load(by_name(config, loader)).await
 }
 
@@ -241,7 +246,7 @@ pub async fn serve(
                         health.follow(&engine).await;
                     }
                     Ok(Err(e)) => { failure = Some(ServeError::Load(e)); break; }
-                    Err(e) => { failure = Some(ServeError::Load(EngineError::Internal(e.to_string()))); break; }
+                    Err(e) => { failure = Some(ServeError::LoadTask(e.to_string())); break; }
                 }
             }
             // A model thread that dies takes the server out of rotation (NOT_SERVING) at once,

@@ -115,6 +115,15 @@ pub enum EngineError {
     Internal(String),
 }
 
+/// Why an evaluator could not be loaded: which one, and the reason. Not a request's error: it
+/// stops the server (or a tool's in-process engine) before anything is served.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("evaluator {evaluator:?}: {reason}")]
+pub struct EvaluatorLoadError {
+    pub evaluator: String,
+    pub reason: String,
+}
+
 /// Which size limit a too-large input passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Limit {

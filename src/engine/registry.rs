@@ -1,7 +1,7 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
 use super::slot::{Gated, GaugeGuard, Slot, SlotSpec};
-use super::{Description, EngineError, Evaluator, Request};
+use super::{Description, EngineError, Evaluator, EvaluatorLoadError, Request};
 use crate::field::FieldPath;
 use crate::metrics;
 use crate::trace::{Aggregate, Verdict};
@@ -73,7 +73,7 @@ impl Engine {
 
     /// Loads every evaluator on blocking threads, in config order within each tier (cascades and
     /// composites after what they wrap); fails on the first error.
-    pub async fn load(&self, loader: LoadByName) -> Result<(), EngineError> {
+    pub async fn load(&self, loader: LoadByName) -> Result<(), EvaluatorLoadError> {
         let mut order: Vec<&String> = self.order.iter().collect();
         order.sort_by_key(|name| self.slots[*name].spec.tier);
         let mut loaded = Loaded::new();
@@ -82,11 +82,14 @@ impl Engine {
             let (loader, owned) = (loader.clone(), name.clone());
             let before = loaded.clone();
             let started = std::time::Instant::now();
+            let failed = |reason: String| EvaluatorLoadError {
+                evaluator: name.clone(),
+                reason,
+            };
             let evaluator = tokio::task::spawn_blocking(move || loader(&owned, &before))
                 .await
-                .map_err(|e| {
-                    EngineError::Internal(format!("loading evaluator {name:?} panicked: {e}"))
-                })??;
+                .map_err(|e| failed(format!("loading panicked: {e}")))?
+                .map_err(|e| failed(load_reason(name, e)))?;
             metrics::record_model_load(name, started.elapsed());
             tracing::info!(evaluator = %name, seconds = started.elapsed().as_secs_f64(), "evaluator loaded");
             metrics::set_ready(name, true);
@@ -262,6 +265,20 @@ fn echo(name: &str) -> String {
         Some((end, _)) => format!("{:?}… ({} bytes)", &name[..end], name.len()),
         None => format!("{name:?}"),
     }
+}
+
+/// What a loader's error says, without the request category and the evaluator's name that the
+/// load error already gives.
+fn load_reason(name: &str, e: EngineError) -> String {
+    let message = match e {
+        EngineError::Unavailable(m) | EngineError::Internal(m) => m,
+        other => other.to_string(),
+    };
+    let named = format!("evaluator {name:?}: ");
+    message
+        .strip_prefix(&named)
+        .map(str::to_string)
+        .unwrap_or(message)
 }
 
 /// Resolves when one of `watches` changes, or its sender goes (that watch is dropped: its last

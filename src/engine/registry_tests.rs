@@ -4,6 +4,7 @@
 //! waits, so each assertion about "when" is exact, not a race against the machine.
 
 use super::*;
+use crate::engine::EvaluatorLoadError;
 use crate::engine::{Job, Origin};
 use crate::trace::{Judgement, Trace};
 use futures::future::BoxFuture;
@@ -171,4 +172,37 @@ async fn an_unknown_evaluator_is_bad_input_naming_the_field_and_the_choices() {
         other => panic!("{other:?}"),
     }
     assert_eq!(started.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_failed_load_is_a_load_error_naming_the_evaluator_once() {
+    let engine = Engine::new(
+        vec![spec("slow", 1)],
+        Admission {
+            max_in_flight: 8,
+            default: "slow".into(),
+        },
+    );
+    let loader: LoadByName = Arc::new(|name, _| {
+        Err(EngineError::Unavailable(format!(
+            "evaluator {name:?}: model /nowhere does not exist"
+        )))
+    });
+    let err = engine.load(loader).await.unwrap_err();
+    assert_eq!(
+        err,
+        EvaluatorLoadError {
+            evaluator: "slow".into(),
+            reason: "model /nowhere does not exist".into(),
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "evaluator \"slow\": model /nowhere does not exist"
+    );
+
+    let panics: LoadByName = Arc::new(|_, _| panic!("a loader's bug"));
+    let err = engine.load(panics).await.unwrap_err();
+    assert_eq!(err.evaluator, "slow");
+    assert!(err.reason.starts_with("loading panicked"), "{err}");
 }

@@ -78,8 +78,8 @@ pub enum EvalError {
     /// The stream to the server broke off; what was written so far is kept (rerun to resume).
     #[error("the evaluation stream failed: {0}; predictions so far are kept, rerun to resume")]
     Stream(String),
-    #[error("loading evaluators: {0}")]
-    Load(retrace::EngineError),
+    #[error("loading {0}")]
+    Load(retrace::EvaluatorLoadError),
     /// A flag combination or a file's contents make the request impossible.
     #[error("{0}")]
     Usage(String),
