@@ -3,13 +3,13 @@
 //! text once if the upstream refuses the constraint), repairs unreadable replies once, votes,
 //! and turns the vote into a judgement.
 
-use super::JudgeError;
 use super::call::{CachedCaller, Fetched};
 use super::client::{ChatMessage, ChatParams, Choice, request_body};
 use super::domain::DomainChoice;
 use super::output::{self, OutputMode, UpstreamKind};
 use super::parse::{self, ParseError, Parsed, Vote};
 use super::prompt::Templates;
+use super::{JudgeError, JudgeFailure};
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics::{self, Stage};
 use crate::trace::{DecisionPath, Judgement};
@@ -79,7 +79,12 @@ impl Evaluator for JudgeEvaluator {
                     j.inference = started.elapsed();
                     j
                 })
-                .map_err(|e| e.into_engine(&self.name))
+                .map_err(|error| {
+                    EngineError::from(JudgeFailure {
+                        judge: self.name.clone(),
+                        error,
+                    })
+                })
         })
     }
 }

@@ -26,7 +26,8 @@ use prompt::{PromptError, Template, TemplateKind, Templates};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-/// Every way judging can fail; `into_engine` gives each its engine error.
+/// Every way judging can fail; `JudgeFailure` (with the judge's name) gives each its engine
+/// error.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum JudgeError {
     #[error(transparent)]
@@ -38,13 +39,21 @@ pub(crate) enum JudgeError {
     Unreadable { samples: usize, reason: String },
 }
 
-impl JudgeError {
+/// A judge's failure with the judge's name: what the engine's error is made from, so that every
+/// layer reaches `EngineError` through one `From`.
+#[derive(Debug)]
+pub(crate) struct JudgeFailure {
+    pub(crate) judge: String,
+    pub(crate) error: JudgeError,
+}
+
+impl From<JudgeFailure> for EngineError {
     /// Timeouts become DEADLINE_EXCEEDED; every other upstream failure UNAVAILABLE, with the
     /// upstream's status and reason in the message; a trace the prompt can't show is bad input
     /// naming its field.
-    pub(crate) fn into_engine(self, judge: &str) -> EngineError {
-        let message = format!("judge {judge:?}: {self}");
-        match self {
+    fn from(JudgeFailure { judge, error }: JudgeFailure) -> Self {
+        let message = format!("judge {judge:?}: {error}");
+        match error {
             JudgeError::Call(e) if e.is_timeout() => EngineError::DeadlineExceeded(message),
             JudgeError::Call(_) | JudgeError::Unreadable { .. } => {
                 EngineError::Unavailable(message)

@@ -171,7 +171,10 @@ fn a_fixed_domain_refuses_a_trace_it_cannot_show() {
         .render(&trace(&[], None), DomainChoice::MultipleChoice, "")
         .unwrap_err();
     assert_eq!(err.field(), Some("options"), "{err}");
-    let engine = crate::judge::JudgeError::Prompt(err).into_engine("j");
+    let engine = crate::engine::EngineError::from(crate::judge::JudgeFailure {
+        judge: "j".into(),
+        error: crate::judge::JudgeError::Prompt(err),
+    });
     assert!(
         matches!(&engine, crate::engine::EngineError::Invalid { field, .. } if field.to_string() == "options"),
         "{engine:?}"
