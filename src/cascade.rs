@@ -98,9 +98,10 @@ pub(crate) fn load(
     loaded: &Loaded,
 ) -> Result<Cascade, EngineError> {
     let find = |key: &str, wanted: &str| {
-        loaded.get(wanted).cloned().ok_or_else(|| {
-            EngineError::Internal(format!("cascade {name:?}: {key} {wanted:?} is not loaded"))
-        })
+        loaded
+            .get(wanted)
+            .cloned()
+            .ok_or_else(|| EngineError::Internal(format!("its {key} {wanted:?} is not loaded")))
     };
     Ok(Cascade {
         name: name.to_string(),

@@ -27,17 +27,12 @@ pub(crate) struct Composite {
 }
 
 /// Builds a composite over evaluators loaded before it (`Engine::load` loads composites last).
-pub(crate) fn load(
-    name: &str,
-    config: &CompositeConfig,
-    loaded: &Loaded,
-) -> Result<Composite, EngineError> {
+pub(crate) fn load(config: &CompositeConfig, loaded: &Loaded) -> Result<Composite, EngineError> {
     let find = |key: &str, wanted: &str| {
-        loaded.get(wanted).cloned().ok_or_else(|| {
-            EngineError::Internal(format!(
-                "composite {name:?}: {key} {wanted:?} is not loaded"
-            ))
-        })
+        loaded
+            .get(wanted)
+            .cloned()
+            .ok_or_else(|| EngineError::Internal(format!("its {key} {wanted:?} is not loaded")))
     };
     Ok(Composite {
         steps: find("steps", &config.steps)?,

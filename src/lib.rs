@@ -199,7 +199,7 @@ pub fn default_loader() -> EvaluatorLoader {
         KindConfig::Prm(p) => prm::load(&cfg.name, cfg.max_concurrency, p),
         KindConfig::Judge(j) => judge::load(&cfg.name, cfg.max_concurrency, j).map(engine::shared),
         KindConfig::Cascade(c) => cascade::load(&cfg.name, c, loaded).map(engine::shared),
-        KindConfig::Composite(c) => composite::load(&cfg.name, c, loaded).map(engine::shared),
+        KindConfig::Composite(c) => composite::load(c, loaded).map(engine::shared),
     })
 }
 

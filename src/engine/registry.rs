@@ -89,7 +89,7 @@ impl Engine {
             let evaluator = tokio::task::spawn_blocking(move || loader(&owned, &before))
                 .await
                 .map_err(|e| failed(format!("loading panicked: {e}")))?
-                .map_err(|e| failed(load_reason(name, e)))?;
+                .map_err(|e| failed(load_reason(e)))?;
             metrics::record_model_load(name, started.elapsed());
             tracing::info!(evaluator = %name, seconds = started.elapsed().as_secs_f64(), "evaluator loaded");
             metrics::set_ready(name, true);
@@ -267,18 +267,13 @@ fn echo(name: &str) -> String {
     }
 }
 
-/// What a loader's error says, without the request category and the evaluator's name that the
-/// load error already gives.
-fn load_reason(name: &str, e: EngineError) -> String {
-    let message = match e {
+/// What a loader's error says, without the request category its `EngineError` carries: the
+/// load error names the evaluator, and the loaders leave that to it.
+fn load_reason(e: EngineError) -> String {
+    match e {
         EngineError::Unavailable(m) | EngineError::Internal(m) => m,
         other => other.to_string(),
-    };
-    let named = format!("evaluator {name:?}: ");
-    message
-        .strip_prefix(&named)
-        .map(str::to_string)
-        .unwrap_or(message)
+    }
 }
 
 /// Resolves when one of `watches` changes, or its sender goes (that watch is dropped: its last

@@ -183,10 +183,11 @@ async fn a_failed_load_is_a_load_error_naming_the_evaluator_once() {
             default: "slow".into(),
         },
     );
-    let loader: LoadByName = Arc::new(|name, _| {
-        Err(EngineError::Unavailable(format!(
-            "evaluator {name:?}: model /nowhere does not exist"
-        )))
+    // A loader's error says what failed; the load error adds which evaluator, once.
+    let loader: LoadByName = Arc::new(|_, _| {
+        Err(EngineError::Unavailable(
+            "model /nowhere does not exist".into(),
+        ))
     });
     let err = engine.load(loader).await.unwrap_err();
     assert_eq!(

@@ -73,7 +73,7 @@ pub(crate) fn load(
     max_concurrency: usize,
     config: &JudgeConfig,
 ) -> Result<JudgeEvaluator, EngineError> {
-    let at = |message: String| EngineError::Internal(format!("evaluator {name:?}: {message}"));
+    let at = EngineError::Internal;
     let keys = &config.endpoint;
     let api_key =
         crate::upstream::api_key(keys.api_key_env.as_deref()).map_err(|e| at(e.to_string()))?;

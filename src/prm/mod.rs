@@ -35,8 +35,9 @@ use std::time::Duration;
 /// The PRM layer's errors; `From<PrmError> for EngineError` is their one exit.
 #[derive(Debug, thiserror::Error)]
 pub enum PrmError {
-    #[error("evaluator {name:?}: {message}")]
-    Load { name: String, message: String },
+    /// The evaluator could not be built; the engine's load error names which.
+    #[error("{0}")]
+    Load(String),
     #[error(transparent)]
     Format(#[from] FormatError),
     #[error(
@@ -45,16 +46,6 @@ pub enum PrmError {
     TooLong { tokens: usize, limit: usize },
     #[error(transparent)]
     Batch(#[from] BatchError),
-}
-
-impl PrmError {
-    /// Makes the load errors of evaluator `name`, for `map_err`.
-    pub fn load(name: &str) -> impl Fn(String) -> PrmError + Copy + '_ {
-        move |message| PrmError::Load {
-            name: name.to_string(),
-            message,
-        }
-    }
 }
 
 impl From<PrmError> for EngineError {
@@ -81,7 +72,7 @@ impl From<PrmError> for EngineError {
             }
             PrmError::Batch(e @ BatchError::Model(_)) => EngineError::Internal(e.to_string()),
             PrmError::Batch(e @ BatchError::Died { .. }) => EngineError::Unavailable(e.to_string()),
-            PrmError::Load { .. } => EngineError::Unavailable(e.to_string()),
+            PrmError::Load(message) => EngineError::Unavailable(message),
         }
     }
 }
@@ -133,9 +124,8 @@ impl PrmEvaluator {
         if cfg.family == Family::Head {
             return Self::load_head(name, max_concurrency, cfg);
         }
-        let fail = PrmError::load(name);
+        let fail = PrmError::Load;
         let folder = find_model(
-            name,
             &cfg.model,
             "for the embedded default, run scripts/fetch-smollm2.sh",
         )?;
@@ -156,12 +146,8 @@ impl PrmEvaluator {
         max_concurrency: usize,
         cfg: &PrmConfig,
     ) -> Result<PrmEvaluator, PrmError> {
-        let fail = PrmError::load(name);
-        let dir = find_model(
-            name,
-            &cfg.model,
-            "a head folder that retrace train-head wrote",
-        )?;
+        let fail = PrmError::Load;
+        let dir = find_model(&cfg.model, "a head folder that retrace train-head wrote")?;
         let head = HeadFolder::open(&dir).map_err(fail)?;
         let formatter =
             Formatter::load(head.config.format, &head.base).map_err(|e| fail(e.to_string()))?;
@@ -186,7 +172,7 @@ impl PrmEvaluator {
         scorer: impl Scorer,
         limits: Limits,
     ) -> Result<PrmEvaluator, PrmError> {
-        let fail = PrmError::load(name);
+        let fail = PrmError::Load;
         let folder = resolve_model(&cfg.model, Env::process().hf_hub_cache().as_deref())
             .ok_or_else(|| fail(format!("model folder {} does not exist", cfg.model)))?;
         let formatter = Formatter::load(cfg.family, &folder).map_err(|e| fail(e.to_string()))?;
@@ -217,7 +203,7 @@ impl PrmEvaluator {
         };
         // The engine's gate admits at most max_concurrency jobs, so the queue never needs more.
         let batcher = Batcher::spawn(name, scorer, budget, max_concurrency)
-            .map_err(|e| PrmError::load(name)(format!("cannot start the model thread: {e}")))?;
+            .map_err(|e| PrmError::Load(format!("cannot start the model thread: {e}")))?;
         Ok(PrmEvaluator {
             name: name.to_string(),
             family: cfg.family,
@@ -256,11 +242,10 @@ async fn encode(
     Ok(encoded)
 }
 
-/// `resolve_model`, or the load error of evaluator `name` that says where `model` was looked
-/// for, ending in `hint`.
-fn find_model(name: &str, model: &str, hint: &str) -> Result<PathBuf, PrmError> {
+/// `resolve_model`, or the load error that says where `model` was looked for, ending in `hint`.
+fn find_model(model: &str, hint: &str) -> Result<PathBuf, PrmError> {
     resolve_model(model, Env::process().hf_hub_cache().as_deref()).ok_or_else(|| {
-        PrmError::load(name)(format!(
+        PrmError::Load(format!(
             "model {model} does not exist as a folder or .gguf file and is not a model id in the \
              Hugging Face cache ({hint})"
         ))

@@ -53,9 +53,8 @@ impl RemotePrm {
         cfg: &PrmConfig,
         vllm: &VllmConfig,
     ) -> Result<RemotePrm, PrmError> {
-        let fail = PrmError::load(name);
+        let fail = PrmError::Load;
         let folder = find_model(
-            name,
             &cfg.model,
             "with backend = \"vllm\" it holds the tokenizer retrace formats with",
         )?;
