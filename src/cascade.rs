@@ -1,7 +1,7 @@
 //! The `cascade` evaluator: a PRM scores every step, and its judge is asked only when the PRM is
 //! unsure (escalation) or, with `categorize`, to name the category of the error the PRM found.
 
-use crate::engine::{Description, EngineError, Evaluator, Job, Loaded};
+use crate::engine::{Description, EngineError, Evaluator, Job, Loaded, NotLoaded, wrapped};
 use crate::metrics;
 use crate::rule::{Refused, refuse};
 use crate::trace::{DecisionPath, ErrorCategory, Judgement};
@@ -96,13 +96,8 @@ pub(crate) fn load(
     name: &str,
     config: &CascadeConfig,
     loaded: &Loaded,
-) -> Result<Cascade, EngineError> {
-    let find = |key: &str, wanted: &str| {
-        loaded
-            .get(wanted)
-            .cloned()
-            .ok_or_else(|| EngineError::Internal(format!("its {key} {wanted:?} is not loaded")))
-    };
+) -> Result<Cascade, NotLoaded> {
+    let find = |key, wanted: &str| wrapped(loaded, key, wanted);
     Ok(Cascade {
         name: name.to_string(),
         prm: find("prm", &config.prm)?,

@@ -2,7 +2,7 @@
 //! model (an `outcome-rm` PRM) on the same trace at once; the step evaluator's verdict, with the
 //! outcome model's score beside it.
 
-use crate::engine::{Description, EngineError, Evaluator, Job, Loaded};
+use crate::engine::{Description, EngineError, Evaluator, Job, Loaded, NotLoaded, wrapped};
 use crate::trace::Judgement;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -27,13 +27,8 @@ pub(crate) struct Composite {
 }
 
 /// Builds a composite over evaluators loaded before it (`Engine::load` loads composites last).
-pub(crate) fn load(config: &CompositeConfig, loaded: &Loaded) -> Result<Composite, EngineError> {
-    let find = |key: &str, wanted: &str| {
-        loaded
-            .get(wanted)
-            .cloned()
-            .ok_or_else(|| EngineError::Internal(format!("its {key} {wanted:?} is not loaded")))
-    };
+pub(crate) fn load(config: &CompositeConfig, loaded: &Loaded) -> Result<Composite, NotLoaded> {
+    let find = |key, wanted: &str| wrapped(loaded, key, wanted);
     Ok(Composite {
         steps: find("steps", &config.steps)?,
         outcome: find("outcome", &config.outcome)?,
@@ -42,13 +37,25 @@ pub(crate) fn load(config: &CompositeConfig, loaded: &Loaded) -> Result<Composit
     })
 }
 
+/// What the composite's own step can get wrong; what it wraps fails in its own errors.
+#[derive(Debug, thiserror::Error)]
+enum CompositeError {
+    /// Config validation allows only an `outcome-rm` PRM there, which always gives one.
+    #[error("the outcome evaluator gave no outcome score")]
+    NoOutcome,
+}
+
+impl From<CompositeError> for EngineError {
+    fn from(e: CompositeError) -> Self {
+        EngineError::Internal(e.to_string())
+    }
+}
+
 /// The step verdict with the outcome model's score. The two ran side by side, so the time is
 /// the longer of the two, not their sum.
-fn merge(mut steps: Judgement, outcome: Judgement) -> Result<Judgement, EngineError> {
+fn merge(mut steps: Judgement, outcome: Judgement) -> Result<Judgement, CompositeError> {
     let Some(o) = outcome.outcome else {
-        return Err(EngineError::Internal(
-            "the outcome evaluator gave no outcome score".into(),
-        ));
+        return Err(CompositeError::NoOutcome);
     };
     steps.outcome = Some(o);
     steps.queued = steps.queued.max(outcome.queued);
@@ -91,7 +98,7 @@ impl Evaluator for Composite {
                 self.outcome.evaluate(job),
             )
             .await?;
-            merge(steps, outcome)
+            Ok(merge(steps, outcome)?)
         })
     }
 }

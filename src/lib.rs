@@ -77,7 +77,8 @@ pub use cascade::CascadeConfig;
 pub use composite::CompositeConfig;
 pub use config::{Config, ConfigError, EvaluatorConfig, KindConfig, ServerConfig, ServerFlags};
 pub use engine::{
-    Description, Engine, EngineError, Evaluator, EvaluatorLoadError, Job, Limit, Origin, Request,
+    Description, Engine, EngineError, Evaluator, EvaluatorLoadError, Job, Limit, LoadFailure,
+    NotLoaded, Origin, Request,
 };
 pub use env::{Env, Secret};
 pub use field::FieldPath;
@@ -91,7 +92,7 @@ pub use prm::format::{
 };
 pub use prm::{
     Backend, BatchError, CandleConfig, DeviceSpec, Dtype, Limits, PrmConfig, PrmError,
-    PrmEvaluator, ScoreError, Scorer, VllmConfig, resolve_model,
+    PrmEvaluator, PrmLoadError, ScoreError, Scorer, VllmConfig, resolve_model,
 };
 pub use segment::segment;
 pub use trace::{ErrorCategory, Judgement, Step, Trace, UNLOCATED, Verdict};
@@ -160,8 +161,9 @@ pub async fn run(
 
 /// Builds one evaluator from its table; runs on a blocking thread (it may load a model).
 /// `Loaded` holds the evaluators built before it, which a cascade wraps.
+/// Its error is the kind's own load error, boxed: the engine keeps its message.
 pub type EvaluatorLoader =
-    Arc<dyn Fn(&EvaluatorConfig, &Loaded) -> Result<Arc<dyn Evaluator>, EngineError> + Send + Sync>;
+    Arc<dyn Fn(&EvaluatorConfig, &Loaded) -> Result<Arc<dyn Evaluator>, LoadFailure> + Send + Sync>;
 
 /// The engine for `config`'s evaluators, none loaded yet; `load_engine` loads them.
 pub fn new_engine(config: &Config) -> Arc<Engine> {
@@ -186,9 +188,8 @@ fn by_name(config: &Config, loader: EvaluatorLoader) -> LoadByName {
         .collect();
     Arc::new(move |name, loaded| match tables.get(name) {
         Some(table) => loader(table, loaded),
-        None => Err(EngineError::Internal(format!(
-            "no table for evaluator {name:?}"
-        ))),
+        // The engine is built from the same config, so every name it loads has a table.
+        None => Err(format!("no [[evaluator]] table named {name:?}").into()),
     })
 }
 
@@ -196,10 +197,14 @@ fn by_name(config: &Config, loader: EvaluatorLoader) -> LoadByName {
 /// in `config::KindConfig` and an arm here.
 pub fn default_loader() -> EvaluatorLoader {
     Arc::new(|cfg, loaded| match &cfg.kind {
-        KindConfig::Prm(p) => prm::load(&cfg.name, cfg.max_concurrency, p),
-        KindConfig::Judge(j) => judge::load(&cfg.name, cfg.max_concurrency, j).map(engine::shared),
-        KindConfig::Cascade(c) => cascade::load(&cfg.name, c, loaded).map(engine::shared),
-        KindConfig::Composite(c) => composite::load(c, loaded).map(engine::shared),
+        KindConfig::Prm(p) => Ok(prm::load(&cfg.name, cfg.max_concurrency, p)?),
+        KindConfig::Judge(j) => Ok(engine::shared(judge::load(
+            &cfg.name,
+            cfg.max_concurrency,
+            j,
+        )?)),
+        KindConfig::Cascade(c) => Ok(engine::shared(cascade::load(&cfg.name, c, loaded)?)),
+        KindConfig::Composite(c) => Ok(engine::shared(composite::load(c, loaded)?)),
     })
 }
 

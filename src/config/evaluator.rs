@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct EvaluatorConfig {
     pub name: String,
-    /// Unset: a trained head's own threshold, else `defaults::THRESHOLD` (filled in when the
-    /// config is resolved, so the printed config says what applies).
+    /// Unset: the engine applies a trained head's own threshold (for the head and a cascade or
+    /// composite over it), else 0.5; ListEvaluators reports the one in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threshold: Option<f32>,
     #[serde(default)]
@@ -48,7 +48,6 @@ pub enum KindConfig {
 
 /// The defaults of the keys every kind shares.
 pub(crate) mod defaults {
-    pub(crate) const THRESHOLD: f32 = crate::engine::DEFAULT_THRESHOLD;
     pub(crate) const MAX_CONCURRENCY: usize = 256;
 
     pub(super) fn max_concurrency() -> usize {

@@ -14,7 +14,6 @@ mod rules;
 
 pub use evaluator::EvaluatorConfig;
 pub use evaluator::KindConfig;
-pub(crate) use evaluator::defaults;
 pub use flags::ServerFlags;
 pub(crate) use reward::{
     Gives, LabelsAs, QuestionFrom, RewardConfig, RewardRule, SLIME_EXTRAS, check_reward_key,
@@ -226,28 +225,13 @@ impl Config {
         Ok(config)
     }
 
-    /// Fills in what applies where a table leaves a key out: a PRM's in-process keys, and the
-    /// threshold, except where a trained head's own applies (its PRM, and a cascade or composite
-    /// over it).
+    /// Fills in a PRM's in-process keys where its table leaves them out. An unset threshold
+    /// stays unset: the engine decides it (a trained head's own, else the default), as only a
+    /// loaded head knows its own.
     fn resolve(&mut self) {
-        let heads: Vec<String> = self
-            .evaluators
-            .iter()
-            .filter(|e| matches!(&e.kind, KindConfig::Prm(p) if p.family == Family::Head))
-            .map(|e| e.name.clone())
-            .collect();
         for e in &mut self.evaluators {
-            let own = match &mut e.kind {
-                KindConfig::Prm(p) => {
-                    *p = p.clone().resolved();
-                    p.family == Family::Head
-                }
-                KindConfig::Cascade(c) => heads.contains(&c.prm),
-                KindConfig::Composite(c) => heads.contains(&c.steps),
-                KindConfig::Judge(_) => false,
-            };
-            if !own {
-                e.threshold.get_or_insert(defaults::THRESHOLD);
+            if let KindConfig::Prm(p) = &mut e.kind {
+                *p = p.clone().resolved();
             }
         }
     }

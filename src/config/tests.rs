@@ -580,33 +580,15 @@ fn a_vllm_backed_prm_validates_its_keys() {
 }
 
 #[test]
-fn an_unset_threshold_is_a_trained_heads_own_and_the_default_elsewhere() {
-    let head =
-        "\n[[evaluator]]\nname = \"head\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = \"/h\"\n";
-    let over_head = CASCADE
-        .replace("\"both\"", "\"over-head\"")
-        .replace("prm = \"qwen-prm\"", "prm = \"head\"");
-    let text = format!(
-        "{}{JUDGE}{CASCADE}{head}{over_head}",
-        EXAMPLE.replace("threshold = 0.5\n", "")
-    );
-    let c = parse(&text).unwrap();
-    let threshold = |name: &str| {
-        c.evaluators
-            .iter()
-            .find(|e| e.name == name)
-            .unwrap()
-            .threshold
-    };
-    // Left out, resolved so the printed config says what applies ...
-    assert_eq!(threshold("qwen-prm"), Some(defaults::THRESHOLD));
-    assert_eq!(threshold("gpt-4o"), Some(defaults::THRESHOLD));
-    assert_eq!(threshold("both"), Some(defaults::THRESHOLD));
-    // ... except where the head's stored one applies: the head, and a cascade over it.
-    assert_eq!(threshold("head"), None);
-    assert_eq!(threshold("over-head"), None);
-    let set = parse(&format!("{text}threshold = 0.25\n")).unwrap();
+fn an_unset_threshold_is_left_to_the_engine() {
+    let text = EXAMPLE.replace("threshold = 0.5\n", "");
+    let c = parse(&format!("{text}{JUDGE}{CASCADE}")).unwrap();
+    // The engine decides what applies (a head's own, else its default), in one place.
+    for e in &c.evaluators {
+        assert_eq!(e.threshold, None, "{}", e.name);
+    }
+    assert!(!c.redacted_toml().contains("threshold"));
+    let set = parse(&format!("{text}{JUDGE}{CASCADE}threshold = 0.25\n")).unwrap();
     assert_eq!(set.evaluators.last().unwrap().threshold, Some(0.25));
-    let spec = &set.slot_specs()[3];
-    assert_eq!((spec.name.as_str(), spec.threshold), ("head", None));
+    assert_eq!(set.slot_specs().last().unwrap().threshold, Some(0.25));
 }

@@ -8,7 +8,7 @@ mod slot;
 
 pub use origin::Origin;
 pub use registry::Engine;
-pub(crate) use registry::{Admission, LoadByName, Loaded, any_changed};
+pub(crate) use registry::{Admission, LoadByName, Loaded, any_changed, wrapped};
 pub(crate) use slot::SlotSpec;
 
 use crate::field::FieldPath;
@@ -113,6 +113,21 @@ pub enum EngineError {
     Cancelled,
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// Why a loader could not build its evaluator: the kind's own load error (a PRM's, a judge's,
+/// an evaluator a cascade wraps that is missing). The engine keeps its message, naming the
+/// evaluator beside it in an `EvaluatorLoadError`.
+pub type LoadFailure = Box<dyn std::error::Error + Send + Sync>;
+
+/// An evaluator that a cascade or composite wraps was not loaded before it (`Engine::load`
+/// loads them last, so a loader skipped it or the config named one that does not exist).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("its {key} {wanted:?} is not loaded")]
+pub struct NotLoaded {
+    /// The wrapper's key that names it (`prm`, `judge`, `steps`, `outcome`).
+    pub key: &'static str,
+    pub wanted: String,
 }
 
 /// Why an evaluator could not be loaded: which one, and the reason. Not a request's error: it

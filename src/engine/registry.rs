@@ -1,7 +1,9 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
 use super::slot::{Gated, GaugeGuard, Slot, SlotSpec};
-use super::{Description, EngineError, Evaluator, EvaluatorLoadError, Request};
+use super::{
+    Description, EngineError, Evaluator, EvaluatorLoadError, LoadFailure, NotLoaded, Request,
+};
 use crate::field::FieldPath;
 use crate::metrics;
 use crate::trace::{Aggregate, Verdict};
@@ -12,7 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 /// Builds the evaluator of one name; runs on a blocking thread (it may load a model).
 /// `Loaded` holds the evaluators built before it, which a cascade wraps.
 pub(crate) type LoadByName =
-    Arc<dyn Fn(&str, &Loaded) -> Result<Arc<dyn Evaluator>, EngineError> + Send + Sync>;
+    Arc<dyn Fn(&str, &Loaded) -> Result<Arc<dyn Evaluator>, LoadFailure> + Send + Sync>;
 
 /// The limits shared by every evaluator.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +28,18 @@ pub(crate) struct Admission {
 /// Evaluators loaded so far, by name. Each is reached through its own gate, so a cascade's calls
 /// queue behind the evaluator's `max_concurrency` like everyone else's.
 pub(crate) type Loaded = HashMap<String, Arc<dyn Evaluator>>;
+
+/// The loaded evaluator `wanted`, which a wrapper names under `key`.
+pub(crate) fn wrapped(
+    loaded: &Loaded,
+    key: &'static str,
+    wanted: &str,
+) -> Result<Arc<dyn Evaluator>, NotLoaded> {
+    loaded.get(wanted).cloned().ok_or_else(|| NotLoaded {
+        key,
+        wanted: wanted.to_string(),
+    })
+}
 
 /// What ListEvaluators reports for one evaluator.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,7 +103,7 @@ impl Engine {
             let evaluator = tokio::task::spawn_blocking(move || loader(&owned, &before))
                 .await
                 .map_err(|e| failed(format!("loading panicked: {e}")))?
-                .map_err(|e| failed(load_reason(e)))?;
+                .map_err(|e| failed(e.to_string()))?;
             metrics::record_model_load(name, started.elapsed());
             tracing::info!(evaluator = %name, seconds = started.elapsed().as_secs_f64(), "evaluator loaded");
             metrics::set_ready(name, true);
@@ -264,15 +278,6 @@ fn echo(name: &str) -> String {
     match name.char_indices().nth(MAX_CHARS) {
         Some((end, _)) => format!("{:?}… ({} bytes)", &name[..end], name.len()),
         None => format!("{name:?}"),
-    }
-}
-
-/// What a loader's error says, without the request category its `EngineError` carries: the
-/// load error names the evaluator, and the loaders leave that to it.
-fn load_reason(e: EngineError) -> String {
-    match e {
-        EngineError::Unavailable(m) | EngineError::Internal(m) => m,
-        other => other.to_string(),
     }
 }
 

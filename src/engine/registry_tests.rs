@@ -184,11 +184,7 @@ async fn a_failed_load_is_a_load_error_naming_the_evaluator_once() {
         },
     );
     // A loader's error says what failed; the load error adds which evaluator, once.
-    let loader: LoadByName = Arc::new(|_, _| {
-        Err(EngineError::Unavailable(
-            "model /nowhere does not exist".into(),
-        ))
-    });
+    let loader: LoadByName = Arc::new(|_, _| Err("model /nowhere does not exist".into()));
     let err = engine.load(loader).await.unwrap_err();
     assert_eq!(
         err,
@@ -206,4 +202,63 @@ async fn a_failed_load_is_a_load_error_naming_the_evaluator_once() {
     let err = engine.load(panics).await.unwrap_err();
     assert_eq!(err.evaluator, "slow");
     assert!(err.reason.starts_with("loading panicked"), "{err}");
+}
+
+/// A fake with a calibrated threshold of its own, as a trained head has.
+struct Calibrated;
+
+impl Evaluator for Calibrated {
+    fn describe(&self) -> Description {
+        spec("", 1).loading
+    }
+
+    fn threshold(&self) -> Option<f32> {
+        Some(0.8)
+    }
+
+    fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
+        let scores = vec![0.9; job.trace.steps.len()];
+        Box::pin(async move { Ok(Judgement::from_scores(scores, job.threshold)) })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_threshold_in_force_is_the_configs_else_the_evaluators_own_else_the_default() {
+    let set = SlotSpec {
+        threshold: Some(0.3),
+        ..spec("set", 1)
+    };
+    let engine = Engine::new(
+        vec![spec("plain", 1), spec("head", 1), set],
+        Admission {
+            max_in_flight: 8,
+            default: "plain".into(),
+        },
+    );
+    let loader: LoadByName = Arc::new(|name, _| match name {
+        "plain" => Ok(Arc::new(Slow {
+            work: Duration::ZERO,
+            started: Arc::default(),
+        }) as Arc<dyn Evaluator>),
+        _ => Ok(Arc::new(Calibrated) as Arc<dyn Evaluator>),
+    });
+    engine.load(loader).await.unwrap();
+    let thresholds: Vec<(String, f32)> = engine
+        .list()
+        .into_iter()
+        .map(|s| (s.name, s.threshold))
+        .collect();
+    let expected = [("plain", 0.5), ("head", 0.8), ("set", 0.3)];
+    assert_eq!(
+        thresholds,
+        expected.map(|(n, t)| (n.to_string(), t)).to_vec()
+    );
+    let verdict = engine.evaluate(request("head", None)).await.unwrap();
+    assert_eq!(verdict.threshold, 0.8);
+}
+
+#[test]
+fn a_wrapped_evaluator_not_loaded_is_named_with_the_key_that_wants_it() {
+    let err = wrapped(&Loaded::new(), "judge", "gpt").err().unwrap();
+    assert_eq!(err.to_string(), "its judge \"gpt\" is not loaded");
 }

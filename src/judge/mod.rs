@@ -20,7 +20,7 @@ pub(crate) use output::OutputMode;
 pub(crate) use output::UpstreamKind;
 
 use crate::engine::EngineError;
-use crate::upstream::Endpoint;
+use crate::upstream::{Endpoint, SetupError};
 use client::ChatParams;
 use prompt::{PromptError, Template, TemplateKind, Templates};
 use std::path::Path;
@@ -66,23 +66,32 @@ impl From<JudgeFailure> for EngineError {
     }
 }
 
+/// Why a judge could not be built; the engine's load error names which one.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JudgeLoadError {
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error("extra_body is not a table of JSON values")]
+    ExtraBody,
+    #[error(transparent)]
+    Prompts(#[from] PromptError),
+}
+
 /// Builds a judge from its table: reads the API key from `api_key_env` and template overrides
 /// from `prompts_dir`. Nothing is sent upstream until the first request.
 pub(crate) fn load(
     name: &str,
     max_concurrency: usize,
     config: &JudgeConfig,
-) -> Result<JudgeEvaluator, EngineError> {
-    let at = EngineError::Internal;
+) -> Result<JudgeEvaluator, JudgeLoadError> {
     let keys = &config.endpoint;
-    let api_key =
-        crate::upstream::api_key(keys.api_key_env.as_deref()).map_err(|e| at(e.to_string()))?;
+    let api_key = crate::upstream::api_key(keys.api_key_env.as_deref())?;
     let url = format!("{}/chat/completions", keys.base_url.trim_end_matches('/'));
-    let endpoint = Endpoint::new(url, api_key).map_err(|e| at(e.to_string()))?;
+    let endpoint = Endpoint::new(url, api_key)?;
     let extra = serde_json::to_value(&config.extra_body)
         .ok()
         .and_then(|v| v.as_object().cloned())
-        .ok_or_else(|| at("extra_body is not a table of JSON values".into()))?;
+        .ok_or(JudgeLoadError::ExtraBody)?;
     let params = ChatParams {
         model: config.model.clone(),
         temperature: config.temperature(),
@@ -93,7 +102,7 @@ pub(crate) fn load(
     };
     let mut templates = Templates::builtin();
     if let Some(dir) = &config.prompts_dir {
-        load_overrides(&mut templates, dir).map_err(|e| at(e.to_string()))?;
+        load_overrides(&mut templates, dir)?;
     }
     let policy = keys.policy(max_concurrency);
     Ok(JudgeEvaluator {

@@ -32,12 +32,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The PRM layer's errors; `From<PrmError> for EngineError` is their one exit.
+/// Why a PRM evaluator could not be built; the engine's load error names which one.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct PrmLoadError(pub String);
+
+/// The PRM layer's errors on a request; `From<PrmError> for EngineError` is their one exit.
 #[derive(Debug, thiserror::Error)]
 pub enum PrmError {
-    /// The evaluator could not be built; the engine's load error names which.
-    #[error("{0}")]
-    Load(String),
     #[error(transparent)]
     Format(#[from] FormatError),
     #[error(
@@ -46,6 +48,12 @@ pub enum PrmError {
     TooLong { tokens: usize, limit: usize },
     #[error(transparent)]
     Batch(#[from] BatchError),
+    /// A bug: the task that tokenizes a trace panicked.
+    #[error("tokenizing panicked: {0}")]
+    Panicked(String),
+    /// A bug in an outcome family's format: its head read other than one position.
+    #[error("an outcome model read {0} positions, not one")]
+    OutcomeReads(usize),
 }
 
 impl From<PrmError> for EngineError {
@@ -72,7 +80,9 @@ impl From<PrmError> for EngineError {
             }
             PrmError::Batch(e @ BatchError::Model(_)) => EngineError::Internal(e.to_string()),
             PrmError::Batch(e @ BatchError::Died { .. }) => EngineError::Unavailable(e.to_string()),
-            PrmError::Load(message) => EngineError::Unavailable(message),
+            e @ (PrmError::Panicked(_) | PrmError::OutcomeReads(_)) => {
+                EngineError::Internal(e.to_string())
+            }
         }
     }
 }
@@ -103,7 +113,7 @@ pub(crate) fn load(
     name: &str,
     max_concurrency: usize,
     cfg: &PrmConfig,
-) -> Result<Arc<dyn Evaluator>, EngineError> {
+) -> Result<Arc<dyn Evaluator>, PrmLoadError> {
     if let (Backend::Vllm, Some(vllm)) = (cfg.backend, &cfg.vllm) {
         return Ok(Arc::new(remote::RemotePrm::load(
             name,
@@ -120,11 +130,11 @@ impl PrmEvaluator {
         name: &str,
         max_concurrency: usize,
         cfg: &PrmConfig,
-    ) -> Result<PrmEvaluator, PrmError> {
+    ) -> Result<PrmEvaluator, PrmLoadError> {
         if cfg.family == Family::Head {
             return Self::load_head(name, max_concurrency, cfg);
         }
-        let fail = PrmError::Load;
+        let fail = PrmLoadError;
         let folder = find_model(
             &cfg.model,
             "for the embedded default, run scripts/fetch-smollm2.sh",
@@ -145,8 +155,8 @@ impl PrmEvaluator {
         name: &str,
         max_concurrency: usize,
         cfg: &PrmConfig,
-    ) -> Result<PrmEvaluator, PrmError> {
-        let fail = PrmError::Load;
+    ) -> Result<PrmEvaluator, PrmLoadError> {
+        let fail = PrmLoadError;
         let dir = find_model(&cfg.model, "a head folder that retrace train-head wrote")?;
         let head = HeadFolder::open(&dir).map_err(fail)?;
         let formatter =
@@ -171,8 +181,8 @@ impl PrmEvaluator {
         cfg: &PrmConfig,
         scorer: impl Scorer,
         limits: Limits,
-    ) -> Result<PrmEvaluator, PrmError> {
-        let fail = PrmError::Load;
+    ) -> Result<PrmEvaluator, PrmLoadError> {
+        let fail = PrmLoadError;
         let folder = resolve_model(&cfg.model, Env::process().hf_hub_cache().as_deref())
             .ok_or_else(|| fail(format!("model folder {} does not exist", cfg.model)))?;
         let formatter = Formatter::load(cfg.family, &folder).map_err(|e| fail(e.to_string()))?;
@@ -195,7 +205,7 @@ impl PrmEvaluator {
         formatter: Formatter,
         scorer: impl Scorer,
         limits: Limits,
-    ) -> Result<PrmEvaluator, PrmError> {
+    ) -> Result<PrmEvaluator, PrmLoadError> {
         let budget = Budget {
             max_batch_tokens: cfg.max_batch_tokens(),
             max_batch_size: cfg.max_batch_size(),
@@ -203,7 +213,7 @@ impl PrmEvaluator {
         };
         // The engine's gate admits at most max_concurrency jobs, so the queue never needs more.
         let batcher = Batcher::spawn(name, scorer, budget, max_concurrency)
-            .map_err(|e| PrmError::Load(format!("cannot start the model thread: {e}")))?;
+            .map_err(|e| PrmLoadError(format!("cannot start the model thread: {e}")))?;
         Ok(PrmEvaluator {
             name: name.to_string(),
             family: cfg.family,
@@ -229,7 +239,7 @@ async fn encode(
     let formatter = formatter.clone();
     let encoded = tokio::task::spawn_blocking(move || formatter.encode(&trace))
         .await
-        .map_err(|e| EngineError::Internal(format!("tokenizing panicked: {e}")))?
+        .map_err(|e| PrmError::Panicked(e.to_string()))?
         .map_err(PrmError::from)?;
     metrics::record_stage(name, metrics::Stage::Tokenize, started.elapsed());
     if let Some(limit) = limit.filter(|&l| encoded.ids.len() > l) {
@@ -243,9 +253,9 @@ async fn encode(
 }
 
 /// `resolve_model`, or the load error that says where `model` was looked for, ending in `hint`.
-fn find_model(model: &str, hint: &str) -> Result<PathBuf, PrmError> {
+fn find_model(model: &str, hint: &str) -> Result<PathBuf, PrmLoadError> {
     resolve_model(model, Env::process().hf_hub_cache().as_deref()).ok_or_else(|| {
-        PrmError::Load(format!(
+        PrmLoadError(format!(
             "model {model} does not exist as a folder or .gguf file and is not a model id in the \
              Hugging Face cache ({hint})"
         ))
@@ -330,12 +340,7 @@ impl Evaluator for PrmEvaluator {
                 .map_err(PrmError::from)?;
             let mut judgement = match (self.family.is_outcome(), scored.scores.as_slice()) {
                 (true, [score]) => Judgement::from_outcome(*score, job.threshold),
-                (true, other) => {
-                    return Err(EngineError::Internal(format!(
-                        "an outcome model read {} positions, not one",
-                        other.len()
-                    )));
-                }
+                (true, other) => return Err(PrmError::OutcomeReads(other.len()).into()),
                 (false, _) => Judgement::from_scores(scored.scores, job.threshold),
             };
             if let (Some(head), Some(k)) = (&self.head, judgement.first_error)

@@ -11,7 +11,7 @@
 
 use super::config::{PrmConfig, VllmConfig};
 use super::format::{Encoded, Family, Formatter};
-use super::{PrmError, encode, find_model};
+use super::{PrmLoadError, encode, find_model};
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics;
 use crate::trace::Judgement;
@@ -52,8 +52,8 @@ impl RemotePrm {
         max_concurrency: usize,
         cfg: &PrmConfig,
         vllm: &VllmConfig,
-    ) -> Result<RemotePrm, PrmError> {
-        let fail = PrmError::Load;
+    ) -> Result<RemotePrm, PrmLoadError> {
+        let fail = PrmLoadError;
         let folder = find_model(
             &cfg.model,
             "with backend = \"vllm\" it holds the tokenizer retrace formats with",

@@ -38,6 +38,9 @@ pub(crate) enum CallError {
     /// The caller's deadline passed while waiting for a slot, the rate limit or a backoff.
     #[error("the deadline passed while {0}")]
     Deadline(&'static str),
+    /// The upstream's slots were closed: the server is shutting down.
+    #[error("the upstream is shutting down")]
+    Closed,
 }
 
 impl CallError {
@@ -46,7 +49,7 @@ impl CallError {
         match self {
             CallError::Deadline(_) => true,
             CallError::Upstream { error, .. } => error.is_timeout(),
-            CallError::CircuitOpen(_) => false,
+            CallError::CircuitOpen(_) | CallError::Closed => false,
         }
     }
 }
@@ -124,7 +127,7 @@ impl Caller {
             "waiting for an upstream slot",
         )
         .await?
-        .map_err(|_| CallError::Deadline("the upstream was shutting down"))?;
+        .map_err(|_| CallError::Closed)?;
         let mut attempt = 0u32;
         loop {
             if let Some(limiter) = &self.limiter {

@@ -29,6 +29,23 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::Code;
 
+/// The reward routes' own failures: slips in their bookkeeping, never the caller's input.
+#[derive(Debug, thiserror::Error)]
+enum RewardBug {
+    #[error("{0}: token ids reached scoring undecoded")]
+    Undecoded(FieldPath),
+    #[error("a reward sample went unanswered")]
+    Unanswered,
+    #[error("decoding token ids panicked: {0}")]
+    DecodePanicked(String),
+}
+
+impl From<RewardBug> for EngineError {
+    fn from(e: RewardBug) -> Self {
+        EngineError::Internal(e.to_string())
+    }
+}
+
 /// A trainer's reward contract: how its body reads into samples, and how rewards go back.
 pub(super) trait Contract: Sized + Send + 'static {
     /// The route, as the `rpc` label of metrics has it.
@@ -243,12 +260,7 @@ fn trace_of(sample: Sample, reward: &RewardConfig) -> Result<Option<Trace>, Engi
             };
             (question, chat::strip_end_markers(response))
         }
-        Text::Ids { .. } => {
-            return Err(EngineError::Internal(format!(
-                "{}: token ids reached scoring undecoded",
-                sample.at
-            )));
-        }
+        Text::Ids { .. } => return Err(RewardBug::Undecoded(sample.at.clone()).into()),
     };
     if response.trim().is_empty() {
         return Ok(None);
@@ -322,9 +334,7 @@ async fn score(
             Some((t, _)) => match settled.next() {
                 Some(Settled::Verdict(v)) => scored(reward.rule, t, v),
                 Some(Settled::Unscored(status, r, detail)) => Ok(stand_in(status, r, Some(detail))),
-                None => Err(EngineError::Internal(
-                    "a reward sample went unanswered".into(),
-                )),
+                None => Err(RewardBug::Unanswered.into()),
             },
         })
         .collect::<Result<_, _>>()?;

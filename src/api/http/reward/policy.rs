@@ -3,7 +3,7 @@
 //! `[reward] policy_tokenizer`, every id checked against its vocabulary (the error names the
 //! field and index), then decoded as the trainers decode.
 
-use super::{Sample, Text};
+use super::{RewardBug, Sample, Text};
 use crate::engine::EngineError;
 use crate::field::FieldPath;
 use std::path::Path;
@@ -93,5 +93,5 @@ pub(super) async fn decode_ids(
             .collect()
     })
     .await
-    .map_err(|e| EngineError::Internal(format!("decoding token ids: {e}")))?
+    .map_err(|e| RewardBug::DecodePanicked(e.to_string()))?
 }
