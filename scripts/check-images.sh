@@ -19,7 +19,7 @@
 # folder. Note the temporary crate's binary is written to its debug/ folder as any build's is
 # (the next cargo build in the repository puts the repository's own back).
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$(dirname "$0")/lib/common.sh"
 cd "$ROOT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 FILES=("$@")

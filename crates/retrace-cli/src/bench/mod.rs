@@ -40,11 +40,11 @@ pub struct BenchOptions {
     #[arg(long, value_delimiter = ',', default_value = "math,olympiadbench")]
     pub tree_splits: Vec<String>,
     /// The Best-of-N candidates (JSONL: instruction, question, candidates), for `best-of-n`
-    /// and `rl-burst`; scripts/make-best-of-n.sh regenerates it.
+    /// and `rl-burst`; scripts/bench/make-best-of-n.sh regenerates it.
     #[arg(long, default_value = "bench/best-of-n.jsonl")]
     pub bon_data: PathBuf,
     /// ProcessBench-shaped traces to score (JSON array or JSONL): gsm8k.json of the full
-    /// ProcessBench set (Qwen/ProcessBench on Hugging Face, four JSON splits; scripts/bench.sh
+    /// ProcessBench set (Qwen/ProcessBench on Hugging Face, four JSON splits; scripts/bench/bench.sh
     /// passes $RETRACE_PROCESSBENCH_DIR/gsm8k.json); tests/fixtures/processbench is a subset.
     #[arg(long)]
     pub data: PathBuf,
@@ -80,8 +80,8 @@ pub struct BenchOptions {
     #[arg(long)]
     pub llama_server: Option<PathBuf>,
     /// The GGUF llama-server loads: the same weights as --model [default:
-    /// CACHE/bench/SmolLM2-135M-Instruct.f32.gguf, written by scripts/bench.sh]. The last one
-    /// given counts (scripts/bench.sh passes its default first).
+    /// CACHE/bench/SmolLM2-135M-Instruct.f32.gguf, written by scripts/bench/bench.sh]. The last one
+    /// given counts (scripts/bench/bench.sh passes its default first).
     #[arg(long, overrides_with = "llama_gguf")]
     pub llama_gguf: Option<PathBuf>,
     /// Threads for llama-server [default: the machine's cores].

@@ -324,7 +324,7 @@ struct Candidates {
 fn read_candidates(path: &Path) -> anyhow::Result<Vec<Candidates>> {
     let text = std::fs::read_to_string(path).with_context(|| {
         format!(
-            "reading {} (scripts/make-best-of-n.sh writes it)",
+            "reading {} (scripts/bench/make-best-of-n.sh writes it)",
             path.display()
         )
     })?;
