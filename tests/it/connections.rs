@@ -11,7 +11,6 @@ use retrace::Judgement;
 use retrace::pb;
 use retrace::{Description, EngineError, Evaluator, Job};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tonic::Code;
@@ -19,7 +18,7 @@ use tonic::Code;
 /// Holds every job until the test lets one through.
 struct Held {
     gate: Arc<Semaphore>,
-    started: Arc<AtomicUsize>,
+    started: Arc<Count>,
 }
 
 impl Evaluator for Held {
@@ -33,7 +32,7 @@ impl Evaluator for Held {
 
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
-            self.started.fetch_add(1, Ordering::SeqCst);
+            self.started.add(1);
             let permit = self.gate.acquire().await.expect("gate open");
             permit.forget();
             Ok(Judgement::from_scores(
@@ -45,8 +44,8 @@ impl Evaluator for Held {
 }
 
 /// A server whose evaluator `held` holds its jobs at `gate` and whose `quick` answers at once.
-async fn server(server_extra: &str) -> (TestServer, Arc<Semaphore>, Arc<AtomicUsize>) {
-    let (gate, started) = (Arc::new(Semaphore::new(0)), Arc::new(AtomicUsize::new(0)));
+async fn server(server_extra: &str) -> (TestServer, Arc<Semaphore>, Arc<Count>) {
+    let (gate, started) = (Arc::new(Semaphore::new(0)), Arc::new(Count::default()));
     let quick = fake_loader(Duration::from_millis(1), Arc::default(), None);
     let loader: retrace::EvaluatorLoader = {
         let (gate, started) = (gate.clone(), started.clone());
@@ -65,14 +64,11 @@ async fn server(server_extra: &str) -> (TestServer, Arc<Semaphore>, Arc<AtomicUs
 }
 
 /// Waits (up to a bound far past the age, never a measure of it) until `started` reaches 1.
-async fn until_started(started: &AtomicUsize) {
-    for _ in 0..1000 {
-        if started.load(Ordering::SeqCst) >= 1 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the held call never reached its evaluator");
+async fn until_started(started: &Count) {
+    let within = Duration::from_secs(10);
+    started
+        .reach(1, within, "held calls at the evaluator")
+        .await;
 }
 
 #[tokio::test]

@@ -5,11 +5,11 @@
 
 use crate::common;
 
-use common::{TestServer, request, sample, steps_trace};
+use common::{TestServer, request, sample, steps_trace, until_health};
 use retrace::Encoded;
+use retrace::Evaluator;
 use retrace::pb;
 use retrace::{Config, KindConfig};
-use retrace::{EngineError, Evaluator};
 use retrace::{Limits, PrmEvaluator, ScoreError, Scorer};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -56,8 +56,7 @@ async fn server(release: mpsc::Receiver<()>) -> TestServer {
             max_tokens: 4096,
             vocab_size: 1 << 20,
         };
-        let prm = PrmEvaluator::with_scorer(&cfg.name, cfg.max_concurrency, prm, scorer, limits)
-            .map_err(EngineError::from)?;
+        let prm = PrmEvaluator::with_scorer(&cfg.name, cfg.max_concurrency, prm, scorer, limits)?;
         Ok(Arc::new(prm) as Arc<dyn Evaluator>)
     });
     let s = TestServer::start(config, loader).await;
@@ -79,15 +78,6 @@ async fn health(s: &TestServer, service: &str) -> Option<ServingStatus> {
     };
     let status = client.check(check).await.ok()?.into_inner().status;
     ServingStatus::try_from(status).ok()
-}
-
-/// Polls `f` until it holds, for at most 10 s (the server publishes health on its own task).
-async fn eventually<F: Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(Instant::now() < until, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn gauge(s: &TestServer, name: &str, evaluator: &str) -> f64 {
@@ -113,10 +103,9 @@ async fn a_dead_model_thread_fails_its_requests_and_only_its_health() {
         })
         .collect();
     // One in the model's hands, the rest waiting in its queue: then the model dies.
-    eventually("the queue holds the others", || async {
-        gauge(&s, "retrace_queue_depth", "dies").await == (CALLS - 1) as f64
-    })
-    .await;
+    let (dies, within) = ([("evaluator", "dies")], Duration::from_secs(10));
+    s.until_sample("retrace_queue_depth", &dies, (CALLS - 1) as f64, within)
+        .await;
     release.send(()).unwrap();
     for c in calls {
         let status = c.await.unwrap().unwrap_err();
@@ -131,10 +120,10 @@ async fn a_dead_model_thread_fails_its_requests_and_only_its_health() {
     assert_eq!(gauge(&s, "retrace_queue_depth", "dies").await, 0.0);
 
     // Health names the dead one; the server as a whole leaves rotation, as documented.
-    eventually("NOT_SERVING for dies", || async {
-        health(&s, &per_evaluator("dies")).await == Some(ServingStatus::NotServing)
-    })
-    .await;
+    let not_serving = ServingStatus::NotServing;
+    let dies_service = per_evaluator("dies");
+    let dead = until_health(s.channel().await, &dies_service, not_serving, within);
+    assert!(dead.await, "NOT_SERVING for dies");
     assert_eq!(
         health(&s, &per_evaluator("lives")).await,
         Some(ServingStatus::Serving)

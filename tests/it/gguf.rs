@@ -25,7 +25,7 @@ fn traces(split: &str) -> Vec<Bench> {
 
 #[test]
 fn the_tokenizer_rebuilt_from_the_gguf_formats_like_the_converted_folder() {
-    // The folder's tokenizer.json was rebuilt by scripts/gguf_to_hf.py and checked against
+    // The folder's tokenizer.json was rebuilt by scripts/fetch/gguf_to_hf.py and checked against
     // llama.cpp's /tokenize; this one is rebuilt in Rust from the same vocabulary and merges,
     // and the chat template and special tokens come from the GGUF's metadata.
     let folder = retrace::Env::process().cache_dir().join("smollm2");

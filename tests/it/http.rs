@@ -352,13 +352,10 @@ async fn auth_overload_and_deadlines_follow_the_status_table() {
         &[("a", "")],
     );
     config.env = retrace::Env::fixed([("RETRACE_HTTP_TEST_TOKENS", "tok")]);
+    let counters = Arc::new(Counters::default());
     let s = TestServer::start(
         config,
-        fake_loader(
-            Duration::from_millis(300),
-            Arc::new(Counters::default()),
-            None,
-        ),
+        fake_loader(Duration::from_millis(300), counters.clone(), None),
     )
     .await;
     s.ready().await;
@@ -379,7 +376,8 @@ async fn auth_overload_and_deadlines_follow_the_status_table() {
     let auth = ("authorization", "Bearer tok");
     let with_token = [auth];
     let (ok, shed) = tokio::join!(post_with(&s, "/get_reward", &body, &with_token), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Once the first holds the one place in flight.
+        counters.until_started(1).await;
         post_with(&s, "/get_reward", &body, &with_token).await
     });
     assert_eq!(ok.0, 200, "{}", ok.1);
@@ -435,12 +433,8 @@ async fn loading_is_503_and_health_says_so() {
     )
     .await;
     let url = format!("http://{}", s.http_addr);
-    let health = loop {
-        match client().get(format!("{url}/health")).send().await {
-            Ok(r) => break r,
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    };
+    // The listener was bound before the server started: the request waits for it.
+    let health = client().get(format!("{url}/health")).send().await.unwrap();
     assert_eq!(health.status().as_u16(), 503);
     let body = json!({"query": format!("{}one step", chatml_prompt("q"))});
     let reply = post(&s, "/get_reward", &body).await;

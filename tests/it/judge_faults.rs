@@ -224,9 +224,7 @@ async fn a_slow_upstream_meets_the_deadline_and_is_cancelled() {
         let mut c = s.client().await;
         async move { c.evaluate(request("gone", "j-slow", three_steps())).await }
     });
-    while up.open() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    up.until_open().await;
     call.abort();
     assert!(
         up.wait_idle(Duration::from_secs(2)).await,

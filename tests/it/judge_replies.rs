@@ -1,7 +1,7 @@
 //! The reply parsers over real replies: every distinct reply Qwen2.5-Coder-1.5B-Instruct gave
-//! through llama-server in scripts/judge-parse-rate.sh's run (json_schema, grammar and text
+//! through llama-server in scripts/bench/judge-parse-rate.sh's run (json_schema, grammar and text
 //! modes, first replies and repairs), each with the verdict an oracle written apart from the
-//! parser expects (scripts/judge-parse-rate/build_corpus.py). Among them: grammar replies that
+//! parser expects (scripts/bench/judge-parse-rate/build_corpus.py). Among them: grammar replies that
 //! began to box the problem's answer and were held to an index by the grammar, reviews cut off by the token budget (unreadable, then
 //! repaired), "Here -1" in words (refused), and a bare final "-1" line (read).
 

@@ -28,9 +28,7 @@ async fn overload_is_refused_at_once() {
             })
         })
         .collect();
-    while counters.started() < 2 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    counters.until_started(2).await;
     let metrics = s.scrape().await;
     assert_eq!(
         sample(&metrics, "retrace_in_flight_requests", &[]),

@@ -127,7 +127,7 @@ fn real_tokenizers_format_exactly() {
         let dir = cache.join(fixture.tokenizer_dir.as_deref().expect("tokenizer_dir"));
         assert!(
             dir.is_dir(),
-            "{} is missing: run scripts/fetch-tokenizers.sh and scripts/fetch-smollm2.sh --f32",
+            "{} is missing: run scripts/fetch/fetch-tokenizers.sh and scripts/fetch-smollm2.sh --f32",
             dir.display()
         );
         assert_formats(family, &dir, &fixture);

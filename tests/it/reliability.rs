@@ -3,7 +3,7 @@
 //! every admitted request answered inside its deadline, RSS bounded, the gauges back to 0), and
 //! SIGTERM under load (NOT_SERVING, the admitted answered, new ones refused, exit 0).
 //!
-//! Short by default (a CI test of about 25 s); `scripts/soak.sh` runs the same tests longer
+//! Short by default (a CI test of about 25 s); `scripts/bench/soak.sh` runs the same tests longer
 //! (`RETRACE_SOAK_S`, the seconds of overload and of load before SIGTERM) and prints the
 //! figures, which docs/operating.md shows.
 

@@ -413,47 +413,26 @@ async fn closing_a_stream_cancels_queued_work() {
         .await
         .unwrap();
     // Wait until the first job reached the model and the rest queue behind it.
-    for _ in 0..100 {
-        if counters.started() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    counters.until_started(1).await;
     // The other nine queue behind it (they may still be arriving).
-    let mut depth = None;
-    for _ in 0..100 {
-        depth = sample(
-            &s.scrape().await,
-            "retrace_queue_depth",
-            &[("evaluator", "cancel")],
-        );
-        if depth == Some(9.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(depth, Some(9.0));
+    let depth = [("evaluator", "cancel")];
+    let within = Duration::from_secs(2);
+    s.until_sample("retrace_queue_depth", &depth, 9.0, within)
+        .await;
     drop(out);
     drop(tx);
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Once all ten are settled as cancelled, none is left to reach the model.
+    let cancelled = [("evaluator", "cancel"), ("outcome", "cancelled")];
+    let metrics = s
+        .until_sample("retrace_requests_total", &cancelled, 10.0, within)
+        .await;
     assert_eq!(
         counters.started(),
         1,
         "queued jobs must not reach the model after the stream closed"
     );
-    let metrics = s.scrape().await;
-    let depth = sample(&metrics, "retrace_queue_depth", &[("evaluator", "cancel")]);
+    let depth = sample(&metrics, "retrace_queue_depth", &depth);
     assert_eq!(depth, Some(0.0));
-    let cancelled = sample(
-        &metrics,
-        "retrace_requests_total",
-        &[("evaluator", "cancel"), ("outcome", "cancelled")],
-    );
-    assert_eq!(
-        cancelled,
-        Some(10.0),
-        "the closed stream's requests count as cancelled: {metrics}"
-    );
     s.stop().await.unwrap();
 }
 
@@ -468,9 +447,7 @@ async fn deadline_drops_queued_work_before_the_model() {
         let mut c = c.clone();
         tokio::spawn(async move { c.evaluate(request("1", "", steps_trace("q", &["s"]))).await })
     };
-    while counters.started() < 1 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    counters.until_started(1).await;
     // The header alone, so that the server (not the client's own timer) enforces it.
     let mut req = tonic::Request::new(request("2", "", steps_trace("q", &["s"])));
     req.metadata_mut()

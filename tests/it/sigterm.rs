@@ -28,19 +28,10 @@ async fn sigterm_drains_requests_in_flight() {
         retrace::shutdown_signal(),
     ));
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap();
-    let channel = loop {
-        if let Ok(c) = channel.connect().await {
-            break c;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-    let check = || tonic_health::pb::HealthCheckRequest {
-        service: String::new(),
-    };
-    while health.check(check()).await.unwrap().into_inner().status != 1 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The listener is bound, so the connection is taken at once.
+    let channel = channel.connect().await.unwrap();
+    let within = Duration::from_secs(5);
+    assert!(until_health(channel.clone(), "", ServingStatus::Serving, within).await);
     let client = retrace::pb::evaluator_client::EvaluatorClient::new(channel.clone());
     let in_flight: Vec<_> = (0..5)
         .map(|i| {
@@ -55,9 +46,7 @@ async fn sigterm_drains_requests_in_flight() {
             })
         })
         .collect();
-    while counters.started() < 5 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    counters.until_started(5).await;
     nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM).unwrap();
     for h in in_flight {
         let r = h

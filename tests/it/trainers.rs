@@ -156,14 +156,14 @@ async fn slimes_label_is_the_reference_answer_and_the_dict_carries_the_verdict()
     s.stop().await.unwrap();
 }
 
-/// The fetched Qwen2.5 tokenizer (scripts/fetch-tokenizers.sh): the policy's, in these tests.
+/// The fetched Qwen2.5 tokenizer (scripts/fetch/fetch-tokenizers.sh): the policy's, in these tests.
 fn qwen_tokenizer_dir() -> PathBuf {
     let dir = retrace::Env::process()
         .cache_dir()
         .join("tokenizers/qwen2.5");
     assert!(
         dir.join("tokenizer.json").is_file(),
-        "{} is missing: run scripts/fetch-tokenizers.sh",
+        "{} is missing: run scripts/fetch/fetch-tokenizers.sh",
         dir.display()
     );
     dir
@@ -393,9 +393,7 @@ async fn a_hanging_reward_gets_empty_reward_at_its_deadline_when_asked() {
             (r.status().as_u16(), r.json::<Value>().await.unwrap())
         })
     };
-    while up.open() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    up.until_open().await;
     // ...so this one waits in the evaluator's queue and is dropped there at its deadline,
     // before it reaches the judge.
     let (status, got) = post_within(

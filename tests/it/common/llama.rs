@@ -1,4 +1,4 @@
-//! llama.cpp's llama-server as a real peer: built by scripts/fetch-llama-server.sh, serving
+//! llama.cpp's llama-server as a real peer: built by scripts/fetch/fetch-llama-server.sh, serving
 //! SmolLM2-135M-Instruct's Q4_1 GGUF (scripts/fetch-smollm2.sh) on 127.0.0.1.
 
 use super::{ChildGuard, free_port};
@@ -23,7 +23,7 @@ pub async fn llama_server(args: &[&str]) -> (ChildGuard, u16) {
     let gguf = smollm2_gguf();
     assert!(
         bin.is_file(),
-        "{} is missing: run scripts/fetch-llama-server.sh",
+        "{} is missing: run scripts/fetch/fetch-llama-server.sh",
         bin.display()
     );
     assert!(

@@ -4,6 +4,7 @@
 /// The repository's root, where `tests/fixtures/` lies.
 pub const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
 
+pub mod count;
 pub mod http2;
 pub mod llama;
 pub mod load;
@@ -11,6 +12,7 @@ pub mod upstream;
 pub mod vllm;
 pub mod wire;
 
+pub use count::Count;
 use futures::future::BoxFuture;
 use retrace::Config;
 use retrace::EvaluatorLoader;
@@ -19,12 +21,14 @@ use retrace::pb;
 use retrace::{Description, EngineError, Evaluator, Job};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+pub use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 /// Scores a step 0.1 when it contains "wrong", else 0.9, after `delay`; refuses a step that
 /// contains "refuse" with INVALID_ARGUMENT naming it, as a model's formatter would.
@@ -36,24 +40,29 @@ pub struct Fake {
 #[derive(Default)]
 pub struct Counters {
     /// Jobs that reached the "model".
-    pub started: AtomicUsize,
+    pub started: Count,
     /// Jobs that finished.
-    pub finished: AtomicUsize,
+    pub finished: Count,
     /// Jobs running now, and the most that ever ran at once.
-    pub running: AtomicUsize,
-    pub peak: AtomicUsize,
+    pub running: Count,
+    pub peak: Count,
 }
 
 impl Counters {
     pub fn started(&self) -> usize {
-        self.started.load(Ordering::SeqCst)
+        self.started.get() as usize
     }
     pub fn finished(&self) -> usize {
-        self.finished.load(Ordering::SeqCst)
+        self.finished.get() as usize
     }
     /// The most jobs that ever ran at once.
     pub fn peak(&self) -> usize {
-        self.peak.load(Ordering::SeqCst)
+        self.peak.get() as usize
+    }
+    /// Waits (up to 10 s) until `n` jobs have reached the model.
+    pub async fn until_started(&self, n: usize) {
+        let within = Duration::from_secs(10);
+        self.started.reach(n as i64, within, "jobs started").await;
     }
 }
 
@@ -68,7 +77,7 @@ impl Evaluator for Fake {
 
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
-            self.counters.started.fetch_add(1, Ordering::SeqCst);
+            self.counters.started.add(1);
             if let Some(i) = job
                 .trace
                 .steps
@@ -80,17 +89,17 @@ impl Evaluator for Fake {
                     "refused by the fake",
                 ));
             }
-            let running = self.counters.running.fetch_add(1, Ordering::SeqCst) + 1;
-            self.counters.peak.fetch_max(running, Ordering::SeqCst);
+            let running = self.counters.running.add(1);
+            self.counters.peak.max(running);
             tokio::time::sleep(self.delay).await;
-            self.counters.running.fetch_sub(1, Ordering::SeqCst);
+            self.counters.running.add(-1);
             let scores = job
                 .trace
                 .steps
                 .iter()
                 .map(|s| if s.text.contains("wrong") { 0.1 } else { 0.9 })
                 .collect();
-            self.counters.finished.fetch_add(1, Ordering::SeqCst);
+            self.counters.finished.add(1);
             Ok(Judgement::from_scores(scores, job.threshold))
         })
     }
@@ -162,15 +171,15 @@ impl TestServer {
         }
     }
 
+    /// A connection: the listener was bound before the server started, so it takes one at
+    /// once and the handshake waits for the server.
     pub async fn channel(&self) -> Channel {
         let url = format!("http://{}", self.addr);
-        for _ in 0..100 {
-            if let Ok(c) = Channel::from_shared(url.clone()).unwrap().connect().await {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let endpoint = Channel::from_shared(url.clone()).unwrap();
+        match tokio::time::timeout(Duration::from_secs(10), endpoint.connect()).await {
+            Ok(Ok(c)) => c,
+            other => panic!("server at {url} took no connection: {other:?}"),
         }
-        panic!("server at {url} never accepted a connection");
     }
 
     pub async fn client(&self) -> pb::evaluator_client::EvaluatorClient<Channel> {
@@ -179,19 +188,12 @@ impl TestServer {
 
     /// Waits until the server reports SERVING.
     pub async fn ready(&self) {
-        let mut health = tonic_health::pb::health_client::HealthClient::new(self.channel().await);
-        for _ in 0..250 {
-            let r = health
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await;
-            if r.is_ok_and(|r| r.into_inner().status == 1) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("server never became SERVING");
+        let serving = ServingStatus::Serving;
+        let within = Duration::from_secs(5);
+        assert!(
+            until_health(self.channel().await, "", serving, within).await,
+            "server never became SERVING"
+        );
     }
 
     pub async fn stop(mut self) -> Result<(), retrace::ServeError> {
@@ -211,6 +213,57 @@ impl TestServer {
     pub async fn scrape(&self) -> String {
         scrape(self.metrics_addr).await
     }
+
+    /// Scrapes until the sample `name{labels}` reads `want` (a gauge or counter the server
+    /// moves on its own time), up to `within`; the last scrape. Panics naming what it read.
+    pub async fn until_sample(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        want: f64,
+        within: Duration,
+    ) -> String {
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            let metrics = self.scrape().await;
+            let got = sample(&metrics, name, labels);
+            if got == Some(want) {
+                return metrics;
+            }
+            assert!(
+                tokio::time::Instant::now() < until,
+                "{name}{labels:?} read {got:?}, not {want}, after {within:?}: {metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Waits on the health Watch of `service` ("" for the server) until it reports `want`, up to
+/// `within`: the server pushes every change, so nothing polls. Whether it came.
+pub async fn until_health(
+    channel: Channel,
+    service: &str,
+    want: ServingStatus,
+    within: Duration,
+) -> bool {
+    let mut health = HealthClient::new(channel);
+    let request = HealthCheckRequest {
+        service: service.into(),
+    };
+    let watch = async {
+        let Ok(reply) = health.watch(request).await else {
+            return false;
+        };
+        let mut stream = reply.into_inner();
+        while let Ok(Some(r)) = stream.message().await {
+            if r.status == want as i32 {
+                return true;
+            }
+        }
+        false
+    };
+    tokio::time::timeout(within, watch).await.unwrap_or(false)
 }
 
 pub async fn scrape(addr: SocketAddr) -> String {
@@ -394,17 +447,9 @@ async fn try_spawn_retrace_on(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-    for i in 0.. {
-        let check = tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        };
-        if health.check(check).await.unwrap().into_inner().status == 1 {
-            break;
-        }
-        assert!(i < 1200, "retrace never became SERVING");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let loading = Duration::from_secs(60);
+    let serving = until_health(channel.clone(), "", ServingStatus::Serving, loading).await;
+    assert!(serving, "retrace never became SERVING");
     Some((
         server,
         channel,

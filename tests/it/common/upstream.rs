@@ -8,7 +8,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,7 +41,7 @@ struct Shared {
     script: Mutex<VecDeque<Fault>>,
     default: Mutex<Option<Fault>>,
     hits: AtomicUsize,
-    open: AtomicIsize,
+    open: super::Count,
     bodies: Mutex<Vec<Value>>,
     auth: Mutex<Vec<Option<String>>>,
 }
@@ -51,7 +51,7 @@ struct Open(Arc<Shared>);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::SeqCst);
+        self.0.open.add(-1);
     }
 }
 
@@ -90,7 +90,16 @@ impl Upstream {
     }
 
     pub fn open(&self) -> isize {
-        self.state.open.load(Ordering::SeqCst)
+        self.state.open.get() as isize
+    }
+
+    /// Waits (up to 10 s) until a request is open upstream.
+    pub async fn until_open(&self) {
+        let within = Duration::from_secs(10);
+        self.state
+            .open
+            .reach(1, within, "requests open upstream")
+            .await;
     }
 
     pub fn bodies(&self) -> Vec<Value> {
@@ -103,20 +112,13 @@ impl Upstream {
 
     /// Waits up to `within` for every request to have finished or been dropped.
     pub async fn wait_idle(&self, within: Duration) -> bool {
-        let until = tokio::time::Instant::now() + within;
-        while tokio::time::Instant::now() < until {
-            if self.open() == 0 {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        self.open() == 0
+        self.state.open.until(within, |n| *n == 0).await
     }
 }
 
 async fn handle(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     s.hits.fetch_add(1, Ordering::SeqCst);
-    s.open.fetch_add(1, Ordering::SeqCst);
+    s.open.add(1);
     let _open = Open(s.clone());
     let body: Value = serde_json::from_slice(&body).expect("the judge sends JSON");
     let n = body.get("n").and_then(Value::as_u64).unwrap_or(1) as usize;

@@ -35,7 +35,7 @@ pub struct WireUpstream {
 struct State {
     fault: Mutex<Wire>,
     accepted: AtomicUsize,
-    open: AtomicUsize,
+    open: super::Count,
     requests: AtomicUsize,
     /// Body bytes the socket took, summed over connections.
     written: AtomicUsize,
@@ -46,7 +46,7 @@ struct Open(Arc<State>);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::SeqCst);
+        self.0.open.add(-1);
     }
 }
 
@@ -60,7 +60,7 @@ impl WireUpstream {
         let state = Arc::new(State {
             fault: Mutex::new(fault),
             accepted: AtomicUsize::new(0),
-            open: AtomicUsize::new(0),
+            open: super::Count::default(),
             requests: AtomicUsize::new(0),
             written: AtomicUsize::new(0),
         });
@@ -68,7 +68,7 @@ impl WireUpstream {
         tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 shared.accepted.fetch_add(1, Ordering::SeqCst);
-                shared.open.fetch_add(1, Ordering::SeqCst);
+                shared.open.add(1);
                 let open = Open(shared.clone());
                 tokio::spawn(connection(socket, open));
             }
@@ -93,7 +93,7 @@ impl WireUpstream {
     }
 
     pub fn open(&self) -> usize {
-        self.state.open.load(Ordering::SeqCst)
+        self.state.open.get() as usize
     }
 
     pub fn written(&self) -> usize {
@@ -102,11 +102,7 @@ impl WireUpstream {
 
     /// Waits up to `within` for every connection to be closed by the judge.
     pub async fn wait_closed(&self, within: Duration) -> bool {
-        let until = tokio::time::Instant::now() + within;
-        while self.open() > 0 && tokio::time::Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        self.open() == 0
+        self.state.open.until(within, |n| *n == 0).await
     }
 }
 
