@@ -87,9 +87,10 @@ pub use judge::JudgeConfig;
 pub use metrics::{Activity, PREFIX_TOKENS, activity, install as install_metrics};
 pub use prm::features::{ExtractError, Extractor, TraceFeatures};
 pub use prm::format::{
-    CHAT_LM_INSTRUCTION, Encoded, Family, FormatError, Formatter, LoadError, TemplateError,
-    TokenizeError, question_text,
+    CHAT_LM_INSTRUCTION, Encoded, Family, FormatError, Formatter, LoadError, PrmKind,
+    TemplateError, TokenizeError, question_text,
 };
+pub use prm::head::{DataFile as HeadDataFile, HEAD_VERSION, HeadConfig, HeadKind, LabelCounts};
 pub use prm::{
     Backend, BatchError, CandleConfig, DeviceSpec, Dtype, Limits, PrmConfig, PrmError,
     PrmEvaluator, PrmLoadError, ScoreError, Scorer, VllmConfig, resolve_model,

@@ -31,7 +31,7 @@ fn example_parses() {
     let KindConfig::Prm(p) = &c.evaluators[0].kind else {
         panic!("a prm table")
     };
-    assert_eq!(p.family, Family::QwenMathPrm);
+    assert_eq!(p.family, Family::QwenMathPrm.into());
     assert_eq!(p.device(), DeviceSpec::Cpu);
     assert_eq!(p.max_batch_tokens(), crate::prm::defaults::MAX_BATCH_TOKENS);
     assert_eq!(c.evaluators[0].threshold, Some(0.5));
@@ -469,7 +469,7 @@ fn the_embedded_default_serves_smollm2_from_the_cache_folder() {
         panic!("a prm table")
     };
     assert_eq!(c.evaluators[0].name, "smollm2");
-    assert_eq!(p.family, Family::ChatLm);
+    assert_eq!(p.family, Family::ChatLm.into());
     assert_eq!(
         p.model,
         "/models/cache/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -2,7 +2,7 @@
 //! (candle) keys at the top level, and a vLLM server's keys in their own `[evaluator.vllm]`
 //! table; defaults beside the keys, and the rules a type can't express.
 
-use super::format::Family;
+use super::format::{Family, PrmKind};
 use crate::rule::{Refused, refuse};
 use crate::upstream::UpstreamConfig;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -12,8 +12,9 @@ use std::fmt;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PrmConfig {
-    /// Decides the input format and the head (a causal-LM PRM can't be told from its config).
-    pub family: Family,
+    /// Decides the input format and the head (a causal-LM PRM can't be told from its config),
+    /// or `head`: a head folder that names its own format and base.
+    pub family: PrmKind,
     /// A local Hugging Face folder, or an `org/name` id already in the Hugging Face cache. With
     /// `backend = "vllm"` only its tokenizer files are read.
     pub model: String,
@@ -137,9 +138,9 @@ pub(crate) const MOVED_TO_VLLM: &[&str] = &[
 
 impl PrmConfig {
     /// A table for `family` at `model`, in-process, with every other key at its default.
-    pub fn new(family: Family, model: impl Into<String>) -> Self {
+    pub fn new(family: impl Into<PrmKind>, model: impl Into<String>) -> Self {
         PrmConfig {
-            family,
+            family: family.into(),
             model: model.into(),
             backend: Backend::Candle,
             vllm: None,
@@ -234,18 +235,18 @@ impl PrmConfig {
                  --tensor-parallel-size, --max-num-seqs)"
             ));
         }
-        if self.family == Family::Head {
+        if self.family == PrmKind::Head {
             return refuse(
                 "backend: a trained head (family = \"head\") runs in-process; serve it with \
                  backend = \"candle\"",
             );
         }
-        if self.family == Family::OutcomeRm {
+        if self.family == Family::OutcomeRm.into() {
             return refuse(
                 "backend: outcome-rm runs in-process; serve it with backend = \"candle\"",
             );
         }
-        if self.family == Family::Skywork {
+        if self.family == Family::Skywork.into() {
             return refuse(
                 "backend: vLLM has no pooler that returns skywork-prm's value head per step; \
                  serve it with backend = \"candle\"",
@@ -278,7 +279,7 @@ impl CandleConfig {
         .collect()
     }
 
-    fn check(&self, model: &str, family: Family) -> Result<(), Refused> {
+    fn check(&self, model: &str, family: PrmKind) -> Result<(), Refused> {
         let gguf = retrace_model::is_gguf(std::path::Path::new(model));
         if gguf && family.is_outcome() {
             return refuse(

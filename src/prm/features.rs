@@ -7,7 +7,7 @@
 use super::batcher::{Budget, next_batch};
 use super::candle::load_model;
 use super::config::PrmConfig;
-use super::format::{Encoded, Family, FormatError, Formatter};
+use super::format::{Encoded, FormatError, Formatter, PrmKind};
 use super::resolve_model;
 use crate::env::Env;
 use crate::trace::Trace;
@@ -63,14 +63,14 @@ impl Extractor {
     pub fn load(cfg: &PrmConfig) -> Result<Extractor, ExtractError> {
         let fail = |what: String| ExtractError::Load(what);
         cfg.check().map_err(|e| fail(e.to_string()))?;
-        if cfg.family == Family::Head {
+        let PrmKind::Checkpoint(family) = cfg.family else {
             return Err(fail(
                 "family head: features come from a base; name the format the head will use".into(),
             ));
-        }
+        };
         let base = resolve_model(&cfg.model, Env::process().hf_hub_cache().as_deref())
             .ok_or_else(|| fail(format!("base {} is not a folder or .gguf file", cfg.model)))?;
-        let formatter = Formatter::load(cfg.family, &base).map_err(|e| fail(e.to_string()))?;
+        let formatter = Formatter::load(family, &base).map_err(|e| fail(e.to_string()))?;
         let model = load_model(&base, HeadSpec::States, cfg).map_err(|e| fail(e.to_string()))?;
         Ok(Extractor {
             formatter,

@@ -1,6 +1,7 @@
 //! The extractor against a path that shares none of its batching: the reference's token ids,
 //! and the model run on each trace alone, without batching, sharing or cache.
 
+use super::super::format::Family;
 use super::*;
 use crate::trace::Step;
 use candle_core::{DType, Device};
@@ -165,7 +166,7 @@ fn bad_taps_and_traces_are_named() {
         err.to_string().starts_with("trace 1: trace.steps[1]:"),
         "{err}"
     );
-    let mut cfg = PrmConfig::new(Family::Head, tiny().display().to_string());
+    let mut cfg = PrmConfig::new(PrmKind::Head, tiny().display().to_string());
     cfg.candle.prefix_cache_mb = Some(0);
     assert!(matches!(Extractor::load(&cfg), Err(ExtractError::Load(_))));
 }

@@ -1,7 +1,7 @@
 //! Each PRM family's input format (docs/prm-formats.md): a trace becomes token ids plus the
 //! positions where each step's score is read. Byte-exact strings, the model's own tokenizer.
 
-pub use super::family::Family;
+pub use super::family::{Family, PrmKind};
 pub use super::template::TemplateError;
 use super::template::{ChatTemplate, Message, special_token};
 use crate::trace::Trace;
@@ -67,8 +67,6 @@ pub enum LoadError {
         family: &'static str,
         what: String,
     },
-    #[error("family head is not an input format: a head folder's config names its format")]
-    NotAFormat,
     #[error(transparent)]
     Tokenize(#[from] TokenizeError),
     #[error(transparent)]
@@ -175,9 +173,6 @@ impl Formatter {
         config: serde_json::Value,
         config_path: &Path,
     ) -> Result<Formatter, LoadError> {
-        if !family.is_format() {
-            return Err(LoadError::NotAFormat);
-        }
         let template =
             ChatTemplate::from_config(&config).map_err(|source| LoadError::Template {
                 path: config_path.to_path_buf(),
@@ -218,7 +213,7 @@ impl Formatter {
                 .ok_or_else(|| file_error(tokenizer_path, format!("no {QWEN_STEP_TAG} token")))?,
             Family::Skywork => f.last_id("\n", false)?,
             Family::MathShepherd => f.last_id(SHEPHERD_STEP_TAG, true)?,
-            Family::Rlhflow | Family::ChatLm | Family::OutcomeRm | Family::Head => 0,
+            Family::Rlhflow | Family::ChatLm | Family::OutcomeRm => 0,
         };
         Ok(f)
     }
@@ -276,7 +271,6 @@ impl Formatter {
                 let first = |s: &str| format!("Question: {q}\n\nStep: {s}");
                 self.conversation(opening, &steps, first, |s| format!("Step: {s}"))
             }
-            Family::Head => Err(FormatError::Trace(LoadError::NotAFormat.to_string())),
         }
     }
 

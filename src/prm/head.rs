@@ -1,26 +1,34 @@
-//! A trained head's folder (docs/training.md): its `config.json` as one type that `retrace
-//! train-head` writes and `family = "head"` reads, the checks a type can't express (each error
-//! names the file and key), and the base it is tied to, verified by checksum before it loads.
+//! A trained head's folder (docs/training.md): its `config.json` as the one type that `retrace
+//! train-head` writes and `family = "head"` reads (the tensor names of its `head.safetensors`
+//! are `retrace_model::head_tensors`, which both sides use too), the checks a type can't
+//! express (each error names the file and key), and the base it is tied to, verified by
+//! checksum before it loads.
 
+use super::config::Dtype;
 use super::format::Family;
 use crate::trace::ErrorCategory;
 use retrace_model::{HEAD_CONFIG, TrainedKind, TrainedSpec, checkpoint_sha256};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// The format version this server reads.
-pub(crate) const HEAD_VERSION: u32 = 1;
+/// The format version this server reads and `train-head` writes.
+pub const HEAD_VERSION: u32 = 1;
 
 /// A head folder's `config.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct HeadConfig {
+pub struct HeadConfig {
     /// The format version, `HEAD_VERSION`.
     pub retrace_head: u32,
     /// The base checkpoint as given (a folder or a `.gguf` file); relative to the head folder
     /// when relative.
     pub base: String,
-    /// `retrace_model::checkpoint_sha256` of the base.
+    /// `retrace_model::checkpoint_sha256` of the base: its weights, tokenizer, chat template
+    /// and config, all of which the features depend on.
     pub base_sha256: String,
+    /// The dtype the base ran in when the features were computed; serving in another is
+    /// refused (its features differ). Unset in folders written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<Dtype>,
     /// The family whose formatting and read positions the head uses.
     #[serde(default = "chat_lm")]
     pub format: Family,
@@ -52,13 +60,23 @@ pub(crate) struct HeadConfig {
 /// The step head's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum HeadKind {
+pub enum HeadKind {
     Logistic,
     Mlp,
 }
 
+impl HeadKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeadKind::Logistic => "logistic",
+            HeadKind::Mlp => "mlp",
+        }
+    }
+}
+
+/// Step and trace counts of a training set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub(crate) struct LabelCounts {
+pub struct LabelCounts {
     pub correct_steps: usize,
     pub wrong_steps: usize,
     pub traces: usize,
@@ -67,7 +85,7 @@ pub(crate) struct LabelCounts {
 
 /// A data file a head was trained or tuned on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct DataFile {
+pub struct DataFile {
     pub path: String,
     pub sha256: String,
     pub rows: usize,
@@ -88,8 +106,14 @@ pub(crate) struct HeadFolder {
 }
 
 impl HeadConfig {
+    /// The folder's `config.json` text, as `read` reads it back.
+    pub fn to_json(&self) -> String {
+        // Plain fields and string-keyed maps only: serialising cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
+    }
+
     /// Reads and checks `dir/config.json`; errors name the file and the key.
-    pub(crate) fn read(dir: &Path) -> Result<HeadConfig, String> {
+    pub fn read(dir: &Path) -> Result<HeadConfig, String> {
         let path = dir.join(HEAD_CONFIG);
         let text = std::fs::read_to_string(&path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -108,12 +132,6 @@ impl HeadConfig {
             return Err((
                 "retrace_head",
                 format!("version {v}; this server reads {HEAD_VERSION}"),
-            ));
-        }
-        if !self.format.is_format() {
-            return Err((
-                "format",
-                "names no input format: one of the PRM families".into(),
             ));
         }
         if self.layers.is_empty() {

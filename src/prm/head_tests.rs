@@ -81,7 +81,7 @@ fn each_bad_key_is_refused_naming_the_file_and_key() {
     let cases: Vec<(&str, Value, &str)> = vec![
         ("threshold", Value::Null, "missing field `threshold`"),
         ("retrace_head", json!(2), "bad `retrace_head`: version 2"),
-        ("format", json!("head"), "bad `format`"),
+        ("format", json!("head"), "family \"head\" is not one of"),
         ("format", json!("nope"), "family \"nope\" is not one of"),
         ("layers", json!([]), "bad `layers`: lists no layer"),
         ("layers", json!([-1]), "invalid value"),

@@ -23,7 +23,7 @@ use crate::field::FieldPath;
 use crate::metrics;
 use crate::trace::Judgement;
 use batcher::Batcher;
-use format::{Family, FormatError, Formatter};
+use format::{FormatError, Formatter, PrmKind};
 use futures::future::BoxFuture;
 use head::HeadFolder;
 use retrace_model::HeadSpec;
@@ -97,7 +97,7 @@ pub struct Limits {
 /// A PRM evaluator: formatter on the caller's task, model on its own thread.
 pub struct PrmEvaluator {
     name: String,
-    family: Family,
+    family: PrmKind,
     folder: PathBuf,
     formatter: Arc<Formatter>,
     max_tokens: usize,
@@ -131,15 +131,15 @@ impl PrmEvaluator {
         max_concurrency: usize,
         cfg: &PrmConfig,
     ) -> Result<PrmEvaluator, PrmLoadError> {
-        if cfg.family == Family::Head {
+        let PrmKind::Checkpoint(family) = cfg.family else {
             return Self::load_head(name, max_concurrency, cfg);
-        }
+        };
         let fail = PrmLoadError;
         let folder = find_model(
             &cfg.model,
             "for the embedded default, run scripts/fetch-smollm2.sh",
         )?;
-        let formatter = Formatter::load(cfg.family, &folder).map_err(|e| fail(e.to_string()))?;
+        let formatter = Formatter::load(family, &folder).map_err(|e| fail(e.to_string()))?;
         let model = candle::load_model(&folder, formatter.head_spec(), cfg)
             .map_err(|e| fail(e.to_string()))?;
         let limits = Limits {
@@ -183,9 +183,12 @@ impl PrmEvaluator {
         limits: Limits,
     ) -> Result<PrmEvaluator, PrmLoadError> {
         let fail = PrmLoadError;
+        let family = cfg.family.family().ok_or_else(|| {
+            fail("a trained head reads its base's states; it takes no other scorer".into())
+        })?;
         let folder = resolve_model(&cfg.model, Env::process().hf_hub_cache().as_deref())
             .ok_or_else(|| fail(format!("model folder {} does not exist", cfg.model)))?;
-        let formatter = Formatter::load(cfg.family, &folder).map_err(|e| fail(e.to_string()))?;
+        let formatter = Formatter::load(family, &folder).map_err(|e| fail(e.to_string()))?;
         Self::assemble(
             name,
             max_concurrency,

@@ -10,7 +10,7 @@
 //!   pooler for these models indexes hidden states, not logits, so it can't give these scores.
 
 use super::config::{PrmConfig, VllmConfig};
-use super::format::{Encoded, Family, Formatter};
+use super::format::{Encoded, Family, Formatter, PrmKind};
 use super::{PrmLoadError, encode, find_model};
 use crate::engine::{Description, EngineError, Evaluator, Job};
 use crate::metrics;
@@ -58,18 +58,18 @@ impl RemotePrm {
             &cfg.model,
             "with backend = \"vllm\" it holds the tokenizer retrace formats with",
         )?;
-        let formatter = Formatter::load(cfg.family, &folder).map_err(|e| fail(e.to_string()))?;
-        let route = match cfg.family {
+        let PrmKind::Checkpoint(family) = cfg.family else {
+            return Err(fail(
+                "a trained head runs in-process only; use backend = \"candle\"".into(),
+            ));
+        };
+        let formatter = Formatter::load(family, &folder).map_err(|e| fail(e.to_string()))?;
+        let route = match family {
             Family::QwenMathPrm => Route::Pooling,
             Family::Skywork => {
                 return Err(fail(
                     "vLLM has no pooler for skywork-prm's value head; use backend = \"candle\""
                         .into(),
-                ));
-            }
-            Family::Head => {
-                return Err(fail(
-                    "a trained head runs in-process only; use backend = \"candle\"".into(),
                 ));
             }
             Family::OutcomeRm => {
@@ -101,7 +101,7 @@ impl RemotePrm {
         let policy = keys.policy(max_concurrency);
         Ok(RemotePrm {
             name: name.to_string(),
-            family: cfg.family,
+            family,
             max_tokens: max_positions(&folder),
             folder,
             formatter: Arc::new(formatter),

@@ -71,4 +71,6 @@ pub use gguf::{Gguf, is_gguf};
 pub use head::HeadSpec;
 pub use kernels::Kernels;
 pub use model::{CacheStats, PrmModel, Reuse};
-pub use trained::{HEAD_CONFIG, HEAD_WEIGHTS, TrainedKind, TrainedSpec, average_states};
+pub use trained::{
+    HEAD_CONFIG, HEAD_WEIGHTS, TrainedKind, TrainedSpec, average_states, head_tensors,
+};

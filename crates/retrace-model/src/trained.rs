@@ -14,6 +14,29 @@ pub const HEAD_WEIGHTS: &str = "head.safetensors";
 /// The config file of a head folder, which errors about the spec name.
 pub const HEAD_CONFIG: &str = "config.json";
 
+/// The tensor names of a head folder's `head.safetensors`: what `retrace train-head` writes
+/// and the served head reads. A linear layer `L` is the tensors `L.weight` and `L.bias`.
+pub mod head_tensors {
+    /// The feature standardiser: x = (f - mean) / scale.
+    pub const NORM_MEAN: &str = "norm.mean";
+    pub const NORM_SCALE: &str = "norm.scale";
+    /// A logistic step head's one layer.
+    pub const STEP: &str = "step";
+    /// An MLP step head's hidden layer and its output layer (after the ReLU at index 1).
+    pub const STEP_HIDDEN: &str = "step.0";
+    pub const STEP_OUT: &str = "step.2";
+    /// The category head's layer.
+    pub const CATEGORY: &str = "category";
+
+    pub fn weight(layer: &str) -> String {
+        format!("{layer}.weight")
+    }
+
+    pub fn bias(layer: &str) -> String {
+        format!("{layer}.bias")
+    }
+}
+
 /// What a head folder's config says of its head, as the model needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TrainedSpec {
@@ -90,8 +113,8 @@ impl Weights<'_> {
         cols: usize,
         what: &str,
     ) -> Result<Linear, ModelError> {
-        let w = self.get(&format!("{name}.weight"), &[rows, cols], what)?;
-        let b = self.get(&format!("{name}.bias"), &[rows], what)?;
+        let w = self.get(&head_tensors::weight(name), &[rows, cols], what)?;
+        let b = self.get(&head_tensors::bias(name), &[rows], what)?;
         Ok(Linear::new(w, Some(b)))
     }
 }
@@ -120,8 +143,10 @@ impl Trained {
         };
         let h = spec.hidden_size;
         let base = "the base's hidden size";
-        let mean = w.get("norm.mean", &[h], base)?.reshape((1, h))?;
-        let scale = w.get("norm.scale", &[h], base)?;
+        let mean = w
+            .get(head_tensors::NORM_MEAN, &[h], base)?
+            .reshape((1, h))?;
+        let scale = w.get(head_tensors::NORM_SCALE, &[h], base)?;
         if scale.flatten_all()?.to_vec1::<f32>()?.contains(&0.0) {
             return Err(ModelError::Head {
                 path: path.clone(),
@@ -129,15 +154,25 @@ impl Trained {
             });
         }
         let step = match spec.kind {
-            TrainedKind::Logistic => Step::Logistic(w.linear("step", 1, h, base)?),
+            TrainedKind::Logistic => Step::Logistic(w.linear(head_tensors::STEP, 1, h, base)?),
             TrainedKind::Mlp { hidden } => Step::Mlp {
-                l0: w.linear("step.0", hidden, h, "mlp_hidden by the base's hidden size")?,
-                l2: w.linear("step.2", 1, hidden, "mlp_hidden")?,
+                l0: w.linear(
+                    head_tensors::STEP_HIDDEN,
+                    hidden,
+                    h,
+                    "mlp_hidden by the base's hidden size",
+                )?,
+                l2: w.linear(head_tensors::STEP_OUT, 1, hidden, "mlp_hidden")?,
             },
         };
         let category = match spec.categories {
             0 => None,
-            k => Some(w.linear("category", k, h, "the categories by the hidden size")?),
+            k => Some(w.linear(
+                head_tensors::CATEGORY,
+                k,
+                h,
+                "the categories by the hidden size",
+            )?),
         };
         Ok(Self {
             layers: spec.layers.clone(),

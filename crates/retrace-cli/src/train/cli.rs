@@ -6,7 +6,7 @@ use super::choose::{Candidate, Outcome, Settings, decide};
 use super::data::{self, DataFile, Dataset};
 use super::extract::{Base, Extraction, features, load_base};
 use super::fit::Params;
-use super::output::{Content, FORMAT_VERSION, HeadConfig, check_out, write_folder};
+use super::output::{Content, check_out, write_folder};
 use super::progress::Progress;
 use super::select::{CATEGORIES, Problem, TraceRows};
 use super::taps::{self, Tap};
@@ -15,6 +15,8 @@ use crate::common::{Analysis, Outcome as RowOutcome, Row, first_below};
 use retrace::ErrorCategory;
 use retrace::Family;
 use retrace::{DeviceSpec, Dtype};
+use retrace::{HEAD_VERSION, HeadConfig, HeadKind};
+use retrace_model::{HEAD_CONFIG, HEAD_WEIGHTS, head_tensors};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -124,16 +126,12 @@ impl TrainOptions {
         let usage = |m: &str| Err(TrainError::Usage(m.into()));
         let format = Family::parse(&self.format).ok_or_else(|| {
             TrainError::Usage(format!(
-                "--format {:?} is not a PRM family ({})",
+                "--format {:?} is not a PRM family's format ({}): name the format the head \
+                 reads its base through, e.g. chat-lm",
                 self.format,
                 Family::names()
             ))
         })?;
-        if format == Family::Head {
-            return usage(
-                "--format head: name the format of the base the head reads, e.g. chat-lm",
-            );
-        }
         if self.epochs == 0 || self.batch_size == 0 {
             return usage("--epochs and --batch-size must be at least 1");
         }
@@ -308,9 +306,9 @@ pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
     let test_rows = write(&opts, &config, &outcome, &problem, &split)?;
     Ok(Trained {
         out: opts.out.clone(),
-        dev_f1: config.dev_f1,
+        dev_f1: outcome.threshold.f1,
         threshold: config.threshold,
-        head: config.head,
+        head: config.head.as_str(),
         layers: config.layers,
         train_traces: split.train.len(),
         extraction,
@@ -347,24 +345,26 @@ fn head_config(
 ) -> HeadConfig {
     let tap: &Tap = out.tap();
     HeadConfig {
-        retrace_head: FORMAT_VERSION,
-        base: base.path.clone(),
+        retrace_head: HEAD_VERSION,
+        base: base.path.display().to_string(),
         base_sha256: base.sha256.clone(),
-        format: base.format.as_str().into(),
+        dtype: Some(base.dtype),
+        format: base.format,
         layers: tap.layers.clone(),
         hidden_size: base.extractor.hidden_size(),
-        head: if out.use_mlp { "mlp" } else { "logistic" },
+        head: if out.use_mlp {
+            HeadKind::Mlp
+        } else {
+            HeadKind::Logistic
+        },
         mlp_hidden: out.use_mlp.then_some(opts.mlp_hidden),
         threshold: out.threshold.threshold,
-        categories: out
-            .category
-            .as_ref()
-            .map(|_| CATEGORIES.iter().map(|c| c.as_str()).collect()),
-        label_counts,
+        categories: out.category.as_ref().map(|_| CATEGORIES.to_vec()),
+        label_counts: Some(label_counts),
         data: split.files(&split.train),
         dev: split.files(&split.dev),
         seed: opts.seed,
-        dev_f1: out.threshold.f1,
+        dev_f1: Some(out.threshold.f1),
     }
 }
 
@@ -416,8 +416,9 @@ fn write(
     let test_rows = scored_rows(out, p, split, &test);
     let (md, html) = report::render(config, out, &analysis);
     let mut tensors = out.head().tensors();
-    tensors.insert("norm.mean".into(), out.norm().mean.clone());
-    tensors.insert("norm.scale".into(), out.norm().scale.clone());
+    let norm = out.norm();
+    tensors.insert(head_tensors::NORM_MEAN.into(), norm.mean.clone());
+    tensors.insert(head_tensors::NORM_SCALE.into(), norm.scale.clone());
     if let Some(c) = &out.category {
         tensors.extend(c.head.tensors());
     }
@@ -427,8 +428,8 @@ fn write(
             .collect()
     };
     let mut files = vec![
-        ("config.json", Content::Text(config_json(config))),
-        ("head.safetensors", Content::Tensors(tensors)),
+        (HEAD_CONFIG, Content::Text(config.to_json())),
+        (HEAD_WEIGHTS, Content::Tensors(tensors)),
         ("dev-scores.jsonl", Content::Text(jsonl(&rows))),
         ("report.md", Content::Text(md)),
         ("report.html", Content::Text(html)),
@@ -438,9 +439,4 @@ fn write(
     }
     write_folder(&opts.out, opts.force, &files)?;
     Ok(test_rows)
-}
-
-fn config_json(config: &HeadConfig) -> String {
-    // Plain fields and string-keyed maps only: serialising cannot fail.
-    serde_json::to_string_pretty(config).unwrap_or_default() + "\n"
 }

@@ -7,7 +7,6 @@ use super::checksum::file_sha256;
 use crate::common::{DataError, Record, read_records};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
-use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
@@ -24,22 +23,8 @@ pub(crate) struct Labelled {
     pub(crate) steps: Vec<String>,
 }
 
-/// A data file as the head's config records it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub(crate) struct DataFile {
-    pub(crate) path: PathBuf,
-    pub(crate) sha256: String,
-    pub(crate) rows: usize,
-}
-
-/// Step and trace counts of a training set.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub(crate) struct LabelCounts {
-    pub(crate) correct_steps: usize,
-    pub(crate) wrong_steps: usize,
-    pub(crate) traces: usize,
-    pub(crate) all_correct_traces: usize,
-}
+/// A data file as the head's config records it, and a training set's counts.
+pub(crate) use retrace::{HeadDataFile as DataFile, LabelCounts};
 
 /// The traces of some files, in file order.
 #[derive(Debug, Clone, Default)]
@@ -122,7 +107,7 @@ pub(crate) fn read(paths: &[PathBuf]) -> Result<Dataset, TrainError> {
             rows += 1;
         }
         out.files.push(DataFile {
-            path: path.clone(),
+            path: path.display().to_string(),
             sha256,
             rows,
         });
@@ -183,7 +168,7 @@ pub(crate) fn check_two_classes(c: &LabelCounts, files: &[DataFile]) -> Result<(
     let names = || {
         files
             .iter()
-            .map(|f| f.path.display().to_string())
+            .map(|f| f.path.clone())
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -252,10 +237,10 @@ pub(crate) fn check_disjoint(
             return Err(TrainError::Usage(format!(
                 "{b_opt} {}:{}: row {:?} has the question of {a_opt} {}:{} (row {:?}); one \
                  question's traces must not be on both sides",
-                b.files[d.file].path.display(),
+                b.files[d.file].path,
                 d.line,
                 d.record.id,
-                a.files[t.file].path.display(),
+                a.files[t.file].path,
                 t.line,
                 t.record.id
             )));

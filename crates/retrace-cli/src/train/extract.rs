@@ -21,6 +21,8 @@ pub(crate) struct Base {
     pub(crate) path: PathBuf,
     pub(crate) sha256: String,
     pub(crate) format: Family,
+    /// The dtype it runs in, which the head records: serving must run the base in it too.
+    pub(crate) dtype: Dtype,
     /// The device and dtype it runs in, as the cache key records them.
     pub(crate) precision: String,
 }
@@ -36,7 +38,7 @@ pub(crate) fn load_base(
     let bad = |m: String| TrainError::Usage(format!("--base {}: {m}", path.display()));
     let abs = std::fs::canonicalize(path).map_err(|e| bad(e.to_string()))?;
     let cfg = PrmConfig {
-        family: format,
+        family: format.into(),
         model: abs.display().to_string(),
         backend: Backend::Candle,
         vllm: None,
@@ -48,16 +50,16 @@ pub(crate) fn load_base(
     };
     let extractor = Extractor::load(&cfg).map_err(|e| bad(e.to_string()))?;
     let sha256 = retrace_model::checkpoint_sha256(&abs).map_err(|e| bad(e.to_string()))?;
-    let device = device.unwrap_or_default();
-    let dtype = dtype.unwrap_or(match device {
-        DeviceSpec::Cpu => Dtype::F32,
-        DeviceSpec::Cuda(_) => Dtype::Bf16,
-    });
+    // What runs, as the server resolves it (a .gguf file's activations are f32 anywhere).
+    let resolved = cfg.resolved().candle;
+    let (device, dtype) = (resolved.device.unwrap_or_default(), resolved.dtype);
+    let dtype = dtype.unwrap_or(Dtype::F32);
     Ok(Base {
         extractor,
         path: abs,
         sha256,
         format,
+        dtype,
         precision: format!("{device} {dtype:?}").to_lowercase(),
     })
 }
@@ -93,8 +95,9 @@ pub(crate) fn features(
                     entry
                 }
                 None => {
-                    let (entry, tokens) = extract(base, taps, &traces, &file.path, progress)?;
-                    cache.put(&key, &file.path, &entry)?;
+                    let path = Path::new(&file.path);
+                    let (entry, tokens) = extract(base, taps, &traces, path, progress)?;
+                    cache.put(&key, path, &entry)?;
                     done.traces += traces.len();
                     done.tokens += tokens;
                     entry

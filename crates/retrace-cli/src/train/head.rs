@@ -4,6 +4,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use retrace_model::head_tensors::{self as names, bias, weight};
 use std::collections::HashMap;
 
 /// Features are standardised before any head: x = (f - mean) / scale.
@@ -69,11 +70,8 @@ impl Head {
     pub(crate) fn step(kind: HeadKind, h: usize, seed: u64, device: &Device) -> Result<Head> {
         let params = match kind {
             HeadKind::Logistic => vec![
-                (
-                    "step.weight".into(),
-                    Var::zeros((1, h), DType::F32, device)?,
-                ),
-                ("step.bias".into(), zeros(1, device)?),
+                (weight(names::STEP), Var::zeros((1, h), DType::F32, device)?),
+                (bias(names::STEP), zeros(1, device)?),
             ],
             HeadKind::Mlp { hidden } => {
                 let mut rng = StdRng::seed_from_u64(seed);
@@ -81,15 +79,15 @@ impl Head {
                 let b2 = 1.0 / (hidden as f32).sqrt();
                 vec![
                     (
-                        "step.0.weight".into(),
+                        weight(names::STEP_HIDDEN),
                         uniform(&mut rng, (hidden, h), b1, device)?,
                     ),
-                    ("step.0.bias".into(), zeros(hidden, device)?),
+                    (bias(names::STEP_HIDDEN), zeros(hidden, device)?),
                     (
-                        "step.2.weight".into(),
+                        weight(names::STEP_OUT),
                         uniform(&mut rng, (1, hidden), b2, device)?,
                     ),
-                    ("step.2.bias".into(), zeros(1, device)?),
+                    (bias(names::STEP_OUT), zeros(1, device)?),
                 ]
             }
         };
@@ -102,10 +100,10 @@ impl Head {
             kind: HeadKind::Logistic,
             params: vec![
                 (
-                    "category.weight".into(),
+                    weight(names::CATEGORY),
                     Var::zeros((classes, h), DType::F32, device)?,
                 ),
-                ("category.bias".into(), zeros(classes, device)?),
+                (bias(names::CATEGORY), zeros(classes, device)?),
             ],
         })
     }

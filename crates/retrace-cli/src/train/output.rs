@@ -1,41 +1,12 @@
-//! The head folder (docs/training.md): `config.json`, `head.safetensors`, the dev scores and
-//! the report, written into a temporary folder beside `--out` and renamed into place, so a
-//! failed or interrupted run leaves no half head behind.
+//! Writing the head folder (docs/training.md; its `config.json` is `retrace::HeadConfig`, its
+//! tensor names `retrace_model::head_tensors`): `config.json`, `head.safetensors`, the dev
+//! scores and the report, written into a temporary folder beside `--out` and renamed into
+//! place, so a failed or interrupted run leaves no half head behind.
 
 use super::TrainError;
-use super::data::{DataFile, LabelCounts};
 use candle_core::Tensor;
-use serde::Serialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-/// The head folder format's version.
-pub(crate) const FORMAT_VERSION: u32 = 1;
-
-/// `config.json`, as the serving side reads it.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct HeadConfig {
-    pub(crate) retrace_head: u32,
-    /// The base checkpoint, absolute, so it resolves from the head folder wherever it is run.
-    pub(crate) base: PathBuf,
-    pub(crate) base_sha256: String,
-    pub(crate) format: String,
-    pub(crate) layers: Vec<usize>,
-    pub(crate) hidden_size: usize,
-    /// "logistic" or "mlp".
-    pub(crate) head: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) mlp_hidden: Option<usize>,
-    pub(crate) threshold: f32,
-    pub(crate) categories: Option<Vec<&'static str>>,
-    pub(crate) label_counts: LabelCounts,
-    /// Each file with the rows of it that went to this side (all of them, unless dev was held
-    /// out of `--data`).
-    pub(crate) data: Vec<DataFile>,
-    pub(crate) dev: Vec<DataFile>,
-    pub(crate) seed: u64,
-    pub(crate) dev_f1: f64,
-}
 
 /// A file of the head folder.
 pub(crate) enum Content {

@@ -4,17 +4,17 @@
 
 use super::choose::Outcome;
 use super::fit::Epoch;
-use super::output::HeadConfig;
 use crate::common::Analysis;
 use crate::common::style::{
     PlotResult, SPLIT_COLORS, Section, Table, categories_section, html, markdown, metric_section,
     section, svg, table, threshold_curve,
 };
 use plotters::prelude::*;
+use retrace::HeadConfig;
 
 /// The report's two renderings: (markdown, html).
 pub(crate) fn render(config: &HeadConfig, out: &Outcome, dev: &Analysis) -> (String, String) {
-    let title = format!("PRM head on {}", config.base.display());
+    let title = format!("PRM head on {}", config.base);
     let notes = notes(config, out);
     let mut sections = vec![taps_section(out), head_section(out), epochs_section(out)];
     sections.push(threshold_section(out));
@@ -38,14 +38,14 @@ pub(crate) fn render(config: &HeadConfig, out: &Outcome, dev: &Analysis) -> (Str
 fn notes(c: &HeadConfig, out: &Outcome) -> Vec<String> {
     let files = |f: &[super::data::DataFile]| {
         f.iter()
-            .map(|f| format!("`{}` ({} rows)", f.path.display(), f.rows))
+            .map(|f| format!("`{}` ({} rows)", f.path, f.rows))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let l = &c.label_counts;
+    let l = c.label_counts.unwrap_or_default();
     vec![
-        format!("base: `{}`, sha256 `{}`", c.base.display(), c.base_sha256),
-        format!("format: `{}`; seed {}", c.format, c.seed),
+        format!("base: `{}`, sha256 `{}`", c.base, c.base_sha256),
+        format!("format: `{}`; seed {}", c.format.as_str(), c.seed),
         format!("trained on: {}", files(&c.data)),
         format!("dev: {}", files(&c.dev)),
         format!(
@@ -55,11 +55,11 @@ fn notes(c: &HeadConfig, out: &Outcome) -> Vec<String> {
         ),
         format!(
             "kept: **{}** head on tap **{}** (layers {:?}), threshold **{}**, dev F1 **{:.2}**",
-            c.head,
+            c.head.as_str(),
             out.tap().name,
             c.layers,
             c.threshold,
-            c.dev_f1
+            out.threshold.f1
         ),
     ]
 }
