@@ -103,6 +103,17 @@ pub enum Dtype {
     F16,
 }
 
+impl Dtype {
+    /// Its name in configs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+        }
+    }
+}
+
 /// A PRM's defaults.
 pub(crate) mod defaults {
     pub(crate) const MAX_BATCH_TOKENS: usize = 8192;

@@ -232,6 +232,23 @@ impl HeadFolder {
         })
     }
 
+    /// Refuses to serve the head over a base run in another dtype than the one its features
+    /// were computed in (`served`): the states differ, so its threshold no longer applies.
+    pub(crate) fn check_dtype(&self, served: Dtype) -> Result<(), String> {
+        match self.config.dtype {
+            Some(trained) if trained != served => Err(format!(
+                "{}: the head was trained on the base's states in {}, but this evaluator runs \
+                 the base in {}: set dtype = \"{}\" on it, or train the head in {}",
+                self.dir.join(HEAD_CONFIG).display(),
+                trained.as_str(),
+                served.as_str(),
+                trained.as_str(),
+                served.as_str()
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The category at a first error from its category probabilities (`probs`, in the
     /// config's label order): the most probable label other than `none`.
     pub(crate) fn category(&self, probs: &[f32]) -> ErrorCategory {

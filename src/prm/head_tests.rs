@@ -161,6 +161,27 @@ fn a_base_that_is_not_the_one_trained_on_is_refused_naming_both_checksums() {
 }
 
 #[test]
+fn a_head_served_in_another_dtype_than_it_was_trained_in_is_refused_by_name() {
+    let dir = temp("dtype");
+    let mut config: HeadConfig = serde_json::from_value(example()).unwrap();
+    let head = |config: HeadConfig| HeadFolder {
+        dir: dir.clone(),
+        config,
+        base: dir.clone(),
+    };
+    // A folder from before the dtype was recorded serves in any.
+    assert_eq!(config.dtype, None);
+    assert!(head(config.clone()).check_dtype(Dtype::Bf16).is_ok());
+    config.dtype = Some(Dtype::F32);
+    assert!(head(config.clone()).check_dtype(Dtype::F32).is_ok());
+    let err = head(config).check_dtype(Dtype::Bf16).unwrap_err();
+    assert!(
+        err.contains("config.json") && err.contains("in f32") && err.contains("in bf16"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_category_is_the_most_probable_error_label() {
     let dir = temp("category");
     let config: HeadConfig = serde_json::from_value(example()).unwrap();

@@ -159,6 +159,12 @@ impl PrmEvaluator {
         let fail = PrmLoadError;
         let dir = find_model(&cfg.model, "a head folder that retrace train-head wrote")?;
         let head = HeadFolder::open(&dir).map_err(fail)?;
+        // A .gguf base runs its quantized weights with f32 activations, whatever the table says.
+        let served = match retrace_model::is_gguf(&head.base) {
+            true => Dtype::F32,
+            false => cfg.dtype(),
+        };
+        head.check_dtype(served).map_err(fail)?;
         let formatter =
             Formatter::load(head.config.format, &head.base).map_err(|e| fail(e.to_string()))?;
         let spec = HeadSpec::Trained(head.config.spec(&dir));

@@ -10,7 +10,7 @@ use retrace::Family;
 use retrace::PrmConfig;
 use retrace::pb;
 use retrace::{Step, Trace};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -350,34 +350,51 @@ async fn a_trained_head_serves_its_weights_on_the_extractors_features() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[test]
-fn a_head_whose_base_changed_is_refused_naming_both_checksums() {
-    let dir = temp("changed");
-    let head = dir.join("head");
-    let base = head.join("base");
-    copy_base(&base);
-    let sum = retrace_model::checkpoint_sha256(&base).unwrap();
-    write_weights(&head, &weights(64));
-    write_config(&head, "base", &sum, 0.5);
-    // Another checkpoint of the same shape: one weight changed.
+/// Another checkpoint of the same shape: one weight changed.
+fn other_weight(base: &Path) {
     let path = base.join("model.safetensors");
     let mut tensors = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
     let norm = tensors["model.norm.weight"].clone();
     tensors.insert("model.norm.weight".into(), (norm * 1.5).unwrap());
     candle_core::safetensors::save(&tensors, &path).unwrap();
-    let changed = retrace_model::checkpoint_sha256(&base).unwrap();
-    let cfg = serve_config(&dir, &head);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
-        .args(["serve", "--config", &cfg.display().to_string()])
-        .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
-        .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
-        .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    for part in [&sum, &changed, &base.display().to_string()] {
-        assert!(err.contains(part.as_str()), "{part} in {err}");
+}
+
+/// The same weights with another chat template: the head's features would differ too.
+fn other_template(base: &Path) {
+    let path = base.join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["chat_template"] = json!("{% for m in messages %}{{ m['content'] }}{% endfor %}");
+    std::fs::write(&path, config.to_string()).unwrap();
+}
+
+#[test]
+fn a_head_whose_base_changed_is_refused_naming_both_checksums() {
+    for what in ["weight", "template"] {
+        let dir = temp(&format!("changed-{what}"));
+        let head = dir.join("head");
+        let base = head.join("base");
+        copy_base(&base);
+        let sum = retrace_model::checkpoint_sha256(&base).unwrap();
+        write_weights(&head, &weights(64));
+        write_config(&head, "base", &sum, 0.5);
+        match what {
+            "weight" => other_weight(&base),
+            _ => other_template(&base),
+        }
+        let changed = retrace_model::checkpoint_sha256(&base).unwrap();
+        let cfg = serve_config(&dir, &head);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_retrace"))
+            .args(["serve", "--config", &cfg.display().to_string()])
+            .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
+            .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
+            .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: {err}");
+        for part in [&sum, &changed, &base.display().to_string()] {
+            assert!(err.contains(part.as_str()), "{what}: {part} in {err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }

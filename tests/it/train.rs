@@ -470,6 +470,11 @@ fn with_categories(src: &Path, dest: &Path) -> PathBuf {
                 -1 => "none".into(),
                 _ => cats[i % 3].into(),
             };
+            // Every other row with a reference answer, as eval sends it: a head must read it
+            // in training as the server does when serving.
+            if i % 2 == 0 {
+                r["reference_answer"] = "42".into();
+            }
             format!("{r}\n")
         })
         .collect();
@@ -536,7 +541,9 @@ async fn a_served_head_scores_dev_as_training_did() {
         assert_eq!(record.id, row.id);
         let trace = pb::Trace {
             question: record.question.clone(),
+            options: record.options.clone(),
             steps: record.steps.clone(),
+            reference_answer: record.reference_answer.clone().unwrap_or_default(),
             ..Default::default()
         };
         let got = client

@@ -127,8 +127,8 @@ pub struct Extraction {
     pub seconds: f64,
 }
 
-/// The trace a server would build from a labelled row, reference-free (a head is trained for
-/// the mode a trainer has online).
+/// The trace a server builds from a labelled row as `eval` sends it, its reference answer
+/// included when it has one: the head must read in training what it reads when served.
 fn trace_of(t: &Labelled) -> Trace {
     Trace {
         question: t.record.question.clone(),
@@ -141,7 +141,7 @@ fn trace_of(t: &Labelled) -> Trace {
                 span: None,
             })
             .collect(),
-        reference_answer: None,
+        reference_answer: t.record.reference_answer.clone(),
     }
 }
 
