@@ -3,6 +3,7 @@
 
 use crate::engine::{Description, EngineError, Evaluator, Job, Loaded, NotLoaded, wrapped};
 use crate::metrics;
+use crate::record::{RecordConfig, RecordError, Recorder};
 use crate::rule::{Refused, refuse};
 use crate::trace::{DecisionPath, ErrorCategory, Judgement};
 use futures::future::BoxFuture;
@@ -23,6 +24,15 @@ pub struct CascadeConfig {
     /// Ask the judge for the category of an error the PRM is sure of.
     #[serde(default)]
     pub categorize: bool,
+    /// Records each trace its judge decided as a dataset row (`record = "PATH"`, or a table
+    /// with `path` and limits), for `train-head` and `retrace distill`; off when unset. Rows
+    /// hold the traces, which may hold users' data.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::record::deserialize_record"
+    )]
+    pub record: Option<RecordConfig>,
 }
 
 /// The default `escalate_margin`.
@@ -42,6 +52,9 @@ impl CascadeConfig {
                 self.escalate_margin
             ));
         }
+        if let Some(r) = &self.record {
+            r.check()?;
+        }
         Ok(())
     }
 }
@@ -54,6 +67,7 @@ pub(crate) struct Cascade {
     judge_name: String,
     margin: f32,
     categorize: bool,
+    recorder: Option<Recorder>,
 }
 
 /// What the cascade does with one PRM judgement.
@@ -91,21 +105,36 @@ pub(crate) fn decide(
     }
 }
 
+/// Why a cascade could not be built.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CascadeLoadError {
+    #[error(transparent)]
+    NotLoaded(#[from] NotLoaded),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+}
+
 /// Builds a cascade over evaluators loaded before it (`Engine::load` loads cascades last).
 pub(crate) fn load(
     name: &str,
     config: &CascadeConfig,
     loaded: &Loaded,
-) -> Result<Cascade, NotLoaded> {
+) -> Result<Cascade, CascadeLoadError> {
     let find = |key, wanted: &str| wrapped(loaded, key, wanted);
+    let (prm, judge) = (find("prm", &config.prm)?, find("judge", &config.judge)?);
+    let recorder = match &config.record {
+        Some(r) => Some(Recorder::start(name, &config.judge, r)?),
+        None => None,
+    };
     Ok(Cascade {
         name: name.to_string(),
-        prm: find("prm", &config.prm)?,
-        judge: find("judge", &config.judge)?,
+        prm,
+        judge,
         prm_name: config.prm.clone(),
         judge_name: config.judge.clone(),
         margin: config.escalate_margin,
         categorize: config.categorize,
+        recorder,
     })
 }
 
@@ -151,7 +180,7 @@ impl Evaluator for Cascade {
                 metrics::record_cascade(&self.name, "prm");
                 return Ok(verdict);
             }
-            let judged = match self.judge.evaluate(job).await {
+            let judged = match self.judge.evaluate(job.clone()).await {
                 Ok(j) => j,
                 // The PRM's verdict is still an answer: a judge outage degrades the cascade to
                 // its PRM instead of failing every request. The rationale and path say so.
@@ -163,6 +192,9 @@ impl Evaluator for Cascade {
                 }
             };
             verdict.inference += judged.inference;
+            if let Some(r) = &self.recorder {
+                r.record(&job.trace, &judged, Some(verdict.first_error));
+            }
             match decision {
                 Decision::Escalate => {
                     verdict.first_error = judged.first_error;

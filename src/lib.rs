@@ -65,6 +65,7 @@ mod judge;
 mod metrics;
 mod priority;
 mod prm;
+mod record;
 mod rule;
 mod segment;
 mod trace;
@@ -78,7 +79,7 @@ pub use composite::CompositeConfig;
 pub use config::{Config, ConfigError, EvaluatorConfig, KindConfig, ServerConfig, ServerFlags};
 pub use engine::{
     Description, Engine, EngineError, Evaluator, EvaluatorLoadError, Job, Limit, LoadFailure,
-    NotLoaded, Origin, Request,
+    NotLoaded, Origin, Reloaded, Request,
 };
 pub use env::{Env, Secret};
 pub use field::FieldPath;
@@ -95,6 +96,7 @@ pub use prm::{
     Backend, BatchError, CandleConfig, DeviceSpec, Dtype, Limits, PrmConfig, PrmError,
     PrmEvaluator, PrmLoadError, ScoreError, Scorer, VllmConfig, resolve_model,
 };
+pub use record::RecordConfig;
 pub use segment::segment;
 pub use trace::{ErrorCategory, Judgement, Step, Trace, UNLOCATED, Verdict};
 pub use upstream::{SetupError, UpstreamConfig, http_client};
@@ -232,33 +234,35 @@ pub async fn serve(
         None => None,
     };
 
-    let load = {
-        let engine = engine.clone();
-        let loader = by_name(&config, loader);
-        tokio::spawn(async move { engine.load(loader).await })
-    };
+    let (loading, loader) = (engine.clone(), by_name(&config, loader));
+    let load = tokio::spawn(async move { loading.load(loader).await });
     tokio::pin!(load);
     tokio::pin!(shutdown);
     let mut watches = None;
     let mut failure = None;
+    let mut hangup = hangup_signal();
     loop {
         tokio::select! {
             result = &mut server => return result.map_err(ServeError::from),
-            result = &mut load, if watches.is_none() => {
-                match result {
-                    Ok(Ok(())) => {
-                        tracing::info!("every evaluator is loaded; serving");
-                        watches = Some(engine.health_watches());
-                        health.follow(&engine).await;
-                    }
-                    Ok(Err(e)) => { failure = Some(ServeError::Load(e)); break; }
-                    Err(e) => { failure = Some(ServeError::LoadTask(e.to_string())); break; }
+            result = &mut load, if watches.is_none() => match result {
+                Ok(Ok(())) => {
+                    tracing::info!("every evaluator is loaded; serving");
+                    watches = Some(engine.health_watches());
+                    health.follow(&engine).await;
                 }
-            }
+                Ok(Err(e)) => { failure = Some(ServeError::Load(e)); break; }
+                Err(e) => { failure = Some(ServeError::LoadTask(e.to_string())); break; }
+            },
             // A model thread that dies takes the server out of rotation (NOT_SERVING) at once,
             // instead of failing every request behind a green probe.
             _ = async { engine::any_changed(watches.as_mut().expect("guarded")).await }, if watches.is_some() => {
+                // Taken again: a reload replaces an evaluator, and its watch with it.
+                watches = Some(engine.health_watches());
                 health.follow(&engine).await;
+            }
+            // SIGHUP reloads every PRM, as the Reload call does one.
+            _ = async { hangup.as_mut().expect("guarded").recv().await }, if hangup.is_some() && watches.is_some() => {
+                tokio::spawn(reload_all(engine.clone()));
             }
             _ = &mut shutdown => break,
         }
@@ -284,10 +288,7 @@ pub async fn serve(
         Ok(result) => result?,
         Err(_) => tracing::warn!("grace period over; abandoning requests still in flight"),
     }
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    failure.map_or(Ok(()), Err)
 }
 
 /// The HTTP/JSON listener, serving until `stop` fires.
@@ -416,6 +417,24 @@ fn grpc_server(
             evaluator, auth,
         ))
         .serve_with_incoming_shutdown(api::incoming(listener, life), stop.signal()))
+}
+
+/// SIGHUP's stream, or none (with a warning) where it cannot be installed.
+fn hangup_signal() -> Option<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{SignalKind, signal};
+    signal(SignalKind::hangup())
+        .inspect_err(|e| tracing::warn!(error = %e, "cannot install SIGHUP's handler"))
+        .ok()
+}
+
+/// Reloads every PRM in turn; each one that fails is logged and keeps serving.
+async fn reload_all(engine: Arc<Engine>) {
+    tracing::info!("SIGHUP: reloading every prm evaluator");
+    for name in engine.reloadable() {
+        if let Err(e) = engine.reload(&name).await {
+            tracing::warn!(evaluator = %name, error = %e, "SIGHUP reload refused");
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

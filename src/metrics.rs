@@ -6,8 +6,10 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+mod learning;
 mod reward;
 mod upstream;
+pub(crate) use learning::{record_cascade, record_recorded, record_reload, recorded_at_zero};
 #[cfg(test)]
 pub(crate) use reward::{REWARD_ROUTES, REWARD_STATUSES};
 pub(crate) use reward::{record_reward_sample, reward_samples_at_zero};
@@ -45,7 +47,6 @@ pub(crate) const JUDGE_BREAKER_OPENED: &str = "retrace_judge_breaker_opened_tota
 pub(crate) const JUDGE_BREAKER_STATE: &str = "retrace_judge_breaker_state";
 pub(crate) const JUDGE_CACHE_BYTES: &str = "retrace_judge_cache_bytes";
 pub(crate) const JUDGE_CACHE_ENTRIES: &str = "retrace_judge_cache_entries";
-pub(crate) const CASCADE_PATHS: &str = "retrace_cascade_total";
 pub(crate) const PRM_UPSTREAM_REQUESTS: &str = "retrace_prm_upstream_requests_total";
 pub(crate) const PRM_UPSTREAM_DURATION: &str = "retrace_prm_upstream_request_duration_seconds";
 pub(crate) const PRM_UPSTREAM_IN_FLIGHT: &str = "retrace_prm_upstream_in_flight_requests";
@@ -323,11 +324,6 @@ const HELP: &[(Kind, &str, &str)] = &[
     ),
     (
         Kind::Counter,
-        CASCADE_PATHS,
-        "Cascade decisions, by cascade and path (prm, escalated, categorized).",
-    ),
-    (
-        Kind::Counter,
         DROPPED,
         "Requests dropped before reaching the model, by evaluator and reason (cancelled, deadline, would_miss_deadline: refused at admission).",
     ),
@@ -339,6 +335,7 @@ const HELP: &[(Kind, &str, &str)] = &[
 ];
 
 fn describe() {
+    learning::describe();
     for &(kind, name, help) in HELP {
         match kind {
             Kind::Counter => describe_counter!(name, help),
@@ -493,8 +490,4 @@ pub(crate) fn record_judge_repair(judge: &str, repaired: bool) {
 
 pub(crate) fn record_judge_disagreement(judge: &str) {
     counter!(JUDGE_DISAGREEMENT, "judge" => judge.to_string()).increment(1);
-}
-
-pub(crate) fn record_cascade(cascade: &str, path: &'static str) {
-    counter!(CASCADE_PATHS, "cascade" => cascade.to_string(), "path" => path).increment(1);
 }

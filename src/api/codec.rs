@@ -36,7 +36,9 @@ wire! {
     EvaluateRequest => true,
     RankRequest => true,
     ListEvaluatorsRequest => true,
+    ReloadRequest => true,
     EvaluateResponse => false,
+    ReloadResponse => false,
     RankResponse => false,
     ListEvaluatorsResponse => false,
 }

@@ -286,6 +286,24 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
     ) -> Result<Response<pb::ListEvaluatorsResponse>, Status> {
         Ok(Response::new(evaluator_infos(&self.engine)))
     }
+
+    async fn reload(
+        &self,
+        request: Request<pb::ReloadRequest>,
+    ) -> Result<Response<pb::ReloadResponse>, Status> {
+        let r = self.engine.reload(&request.get_ref().evaluator).await;
+        let r = r.map_err(|e| to_status(&e))?;
+        Ok(Response::new(reloaded(r)))
+    }
+}
+
+/// A swap, as Reload and `POST /v1/reload` answer it.
+pub(super) fn reloaded(r: crate::engine::Reloaded) -> pb::ReloadResponse {
+    pb::ReloadResponse {
+        evaluator: r.evaluator,
+        model: r.model,
+        seconds: r.seconds,
+    }
 }
 
 /// Every hosted evaluator, as ListEvaluators and `GET /v1/evaluators` answer.

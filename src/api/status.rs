@@ -10,7 +10,8 @@ pub(super) const MAX_MESSAGE_BYTES: usize = 1024;
 
 /// Maps an engine error to its gRPC status: validation -> INVALID_ARGUMENT, overload ->
 /// RESOURCE_EXHAUSTED, not ready or upstream down -> UNAVAILABLE, deadline -> DEADLINE_EXCEEDED,
-/// caller gone -> CANCELLED, anything else -> INTERNAL.
+/// caller gone -> CANCELLED, an operator's request the state refuses -> FAILED_PRECONDITION,
+/// anything else -> INTERNAL.
 pub fn to_status(error: &EngineError) -> Status {
     let code = match error {
         EngineError::Invalid { .. } | EngineError::TooLarge { .. } => Code::InvalidArgument,
@@ -18,6 +19,7 @@ pub fn to_status(error: &EngineError) -> Status {
         EngineError::Unavailable(_) => Code::Unavailable,
         EngineError::DeadlineExceeded(_) => Code::DeadlineExceeded,
         EngineError::Cancelled => Code::Cancelled,
+        EngineError::Refused(_) => Code::FailedPrecondition,
         EngineError::Internal(_) => Code::Internal,
     };
     Status::new(code, capped(error.to_string()))
@@ -49,6 +51,7 @@ pub(super) fn http_status(code: Code) -> u16 {
         Code::DeadlineExceeded => 504,
         // nginx's "client closed request": only the logs see it, the caller has gone.
         Code::Cancelled => 499,
+        Code::FailedPrecondition => 409,
         _ => 500,
     }
 }
@@ -63,6 +66,7 @@ pub(super) fn code_name(code: Code) -> &'static str {
         Code::Unavailable => "UNAVAILABLE",
         Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
         Code::Cancelled => "CANCELLED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
         _ => "INTERNAL",
     }
 }
@@ -77,6 +81,7 @@ pub(crate) fn outcome(code: Code) -> &'static str {
         Code::DeadlineExceeded => "deadline_exceeded",
         Code::Cancelled => "cancelled",
         Code::Unauthenticated => "unauthenticated",
+        Code::FailedPrecondition => "failed_precondition",
         _ => "internal",
     }
 }
@@ -105,6 +110,10 @@ mod tests {
                 Code::DeadlineExceeded,
             ),
             (EngineError::Cancelled, Code::Cancelled),
+            (
+                EngineError::Refused("bad head".into()),
+                Code::FailedPrecondition,
+            ),
             (EngineError::Internal("bug".into()), Code::Internal),
         ];
         for (err, code) in cases {
@@ -127,12 +136,13 @@ mod tests {
             Code::ResourceExhausted,
             Code::Unavailable,
             Code::DeadlineExceeded,
+            Code::FailedPrecondition,
             Code::Internal,
         ]
         .into_iter()
         .map(http_status)
         .collect();
-        assert_eq!(http, [400, 401, 429, 503, 504, 500]);
+        assert_eq!(http, [400, 401, 429, 503, 504, 409, 500]);
         assert_eq!(code_name(Code::ResourceExhausted), "RESOURCE_EXHAUSTED");
         assert_eq!(outcome(Code::DataLoss), "internal");
     }

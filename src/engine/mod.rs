@@ -1,14 +1,17 @@
 //! The engine: the `Evaluator` trait, the engine's error enum, and the registry that admits,
 //! queues and dispatches requests to evaluators.
 
+mod current;
 mod origin;
 mod pace;
 mod registry;
+mod reload;
 mod slot;
 
 pub use origin::Origin;
 pub use registry::Engine;
 pub(crate) use registry::{Admission, LoadByName, Loaded, any_changed, wrapped};
+pub use reload::Reloaded;
 pub(crate) use slot::SlotSpec;
 
 use crate::field::FieldPath;
@@ -111,6 +114,10 @@ pub enum EngineError {
     DeadlineExceeded(String),
     #[error("cancelled by the caller")]
     Cancelled,
+    /// An operator's request the server's state refuses (a reload whose new model failed to
+    /// load: the old one serves on).
+    #[error("refused: {0}")]
+    Refused(String),
     #[error("internal error: {0}")]
     Internal(String),
 }

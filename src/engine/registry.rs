@@ -1,5 +1,6 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
+use super::reload::Reloader;
 use super::slot::{Gated, GaugeGuard, Slot, SlotSpec};
 use super::{
     Description, EngineError, Evaluator, EvaluatorLoadError, LoadFailure, NotLoaded, Request,
@@ -61,6 +62,9 @@ pub struct Engine {
     default: String,
     admission: Arc<Semaphore>,
     max_in_flight: usize,
+    pub(super) reloader: tokio::sync::Mutex<Option<Reloader>>,
+    /// Flips at each swap, so whoever follows health watches the new evaluator's.
+    swaps: watch::Sender<bool>,
 }
 
 impl Engine {
@@ -82,6 +86,8 @@ impl Engine {
             default: admission.default,
             admission: Arc::new(Semaphore::new(admission.max_in_flight)),
             max_in_flight: admission.max_in_flight,
+            reloader: tokio::sync::Mutex::new(None),
+            swaps: watch::Sender::new(false),
         })
     }
 
@@ -107,18 +113,29 @@ impl Engine {
             metrics::record_model_load(name, started.elapsed());
             tracing::info!(evaluator = %name, seconds = started.elapsed().as_secs_f64(), "evaluator loaded");
             metrics::set_ready(name, true);
-            let _ = slot.evaluator.set(evaluator);
+            slot.evaluator.set(evaluator);
             loaded.insert(name.clone(), Arc::new(Gated(slot.clone())));
         }
+        *self.reloader.lock().await = Some(Reloader { loader, loaded });
         Ok(())
     }
 
-    /// Watches on every loaded evaluator whose readiness can change; see `any_changed`.
+    /// Watches on every loaded evaluator whose readiness can change, and on swaps (after
+    /// which the watches are to be taken again); see `any_changed`.
     pub(crate) fn health_watches(&self) -> Vec<watch::Receiver<bool>> {
         self.slots
             .values()
             .filter_map(|s| s.evaluator.get()?.health())
+            .chain(std::iter::once(self.swaps.subscribe()))
             .collect()
+    }
+
+    pub(super) fn swapped(&self) {
+        self.swaps.send_modify(|v| *v = !*v);
+    }
+
+    pub(super) fn slot_of(&self, name: &str) -> Arc<Slot> {
+        self.slots[name].clone()
     }
 
     pub(crate) fn list(&self) -> Vec<EvaluatorStatus> {

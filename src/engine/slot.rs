@@ -1,13 +1,14 @@
 //! One evaluator's slot: its limits, its gate (`max_concurrency`), its pace, and the path of
 //! every call through them, a cascade's calls to the evaluators it wraps included.
 
+use super::current::Current;
 use super::pace::{self, Pace, Ticket, TooSlow};
 use super::{DEFAULT_THRESHOLD, Description, EngineError, Evaluator, Job, Limit, Request};
 use crate::field::FieldPath;
 use crate::metrics;
 use crate::trace::{Aggregate, Judgement, Trace, Verdict};
 use futures::future::BoxFuture;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, timeout_at};
@@ -37,7 +38,7 @@ pub(super) struct Slot {
     pub(super) spec: SlotSpec,
     /// Requests handed to the evaluator at once; waiters are the evaluator's queue.
     gate: Arc<Semaphore>,
-    pub(super) evaluator: OnceLock<Arc<dyn Evaluator>>,
+    pub(super) evaluator: Current,
     /// Its pending work and measured pace, for refusing what would miss its deadline.
     pace: Pace,
 }
@@ -64,7 +65,7 @@ impl Slot {
         Slot {
             name: spec.name.clone(),
             gate: Arc::new(Semaphore::new(spec.max_concurrency)),
-            evaluator: OnceLock::new(),
+            evaluator: Current::default(),
             pace: Pace::new(spec.max_concurrency),
             spec,
         }

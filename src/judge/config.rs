@@ -59,6 +59,14 @@ pub struct JudgeConfig {
     /// dialect and the default `output`.
     #[serde(default)]
     pub(crate) upstream: UpstreamKind,
+    /// Records each verdict as a dataset row (`record = "PATH"`, or a table with `path` and
+    /// limits); off when unset. Rows hold the traces, which may hold users' data.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::record::deserialize_record"
+    )]
+    pub record: Option<crate::record::RecordConfig>,
 }
 
 /// A judge's defaults and bounds.
@@ -115,6 +123,9 @@ impl JudgeConfig {
     /// The rules a type can't express; each message names the key.
     pub fn check(&self) -> Result<(), Refused> {
         self.endpoint.check("the upstream")?;
+        if let Some(r) = &self.record {
+            r.check()?;
+        }
         if self.model.trim().is_empty() {
             return refuse("model must name the upstream's model");
         }

@@ -37,6 +37,8 @@ pub(crate) struct JudgeEvaluator {
     /// Set once the upstream refused the output constraint: text mode from then on.
     pub(super) text_fallback: AtomicBool,
     pub(super) caller: CachedCaller,
+    /// Writes each verdict as a dataset row (`record`).
+    pub(super) recorder: Option<crate::record::Recorder>,
 }
 
 /// One sample: the reply, what it says, the rationale to show, and whether the cache answered.
@@ -77,6 +79,9 @@ impl Evaluator for JudgeEvaluator {
             result
                 .map(|mut j| {
                     j.inference = started.elapsed();
+                    if let Some(r) = &self.recorder {
+                        r.record(&job.trace, &j, None);
+                    }
                     j
                 })
                 .map_err(|error| {

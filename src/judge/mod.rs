@@ -75,6 +75,8 @@ pub(crate) enum JudgeLoadError {
     ExtraBody,
     #[error(transparent)]
     Prompts(#[from] PromptError),
+    #[error(transparent)]
+    Record(#[from] crate::record::RecordError),
 }
 
 /// Builds a judge from its table: reads the API key from `api_key_env` and template overrides
@@ -105,6 +107,10 @@ pub(crate) fn load(
         load_overrides(&mut templates, dir)?;
     }
     let policy = keys.policy(max_concurrency);
+    let recorder = match &config.record {
+        Some(r) => Some(crate::record::Recorder::start(name, name, r)?),
+        None => None,
+    };
     Ok(JudgeEvaluator {
         name: name.to_string(),
         params,
@@ -118,6 +124,7 @@ pub(crate) fn load(
         upstream: config.upstream,
         text_fallback: AtomicBool::new(false),
         caller: call::CachedCaller::new(name, endpoint, policy, config.cache_entries),
+        recorder,
     })
 }
 

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: [usize; 2] = [0, 2];
 const CATEGORIES: [&str; 4] = ["none", "misinterpretation", "hallucination", "reasoning"];
 
-fn temp(name: &str) -> PathBuf {
+pub(crate) fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("retrace-it-head-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -25,7 +25,7 @@ fn temp(name: &str) -> PathBuf {
 }
 
 /// The tiny chat-lm checkpoint copied to `dir`, so the test may change its weights.
-fn copy_base(dir: &Path) {
+pub(crate) fn copy_base(dir: &Path) {
     let src = Path::new(REPO).join("tests/fixtures/tiny/chat-lm");
     std::fs::create_dir_all(dir).unwrap();
     for f in [
@@ -68,7 +68,7 @@ fn traces() -> Vec<Trace> {
 }
 
 /// Random head weights, seeded: (name, shape, values).
-fn weights(h: usize) -> Vec<(&'static str, Vec<usize>, Vec<f32>)> {
+pub(crate) fn weights(h: usize) -> Vec<(&'static str, Vec<usize>, Vec<f32>)> {
     let mut s = 0x9e37_79b9_7f4a_7c15u64;
     let mut noise = |n: usize| -> Vec<f32> {
         (0..n)
@@ -92,7 +92,7 @@ fn weights(h: usize) -> Vec<(&'static str, Vec<usize>, Vec<f32>)> {
     ]
 }
 
-fn write_weights(dir: &Path, w: &[(&str, Vec<usize>, Vec<f32>)]) {
+pub(crate) fn write_weights(dir: &Path, w: &[(&str, Vec<usize>, Vec<f32>)]) {
     let tensors: HashMap<String, Tensor> = w
         .iter()
         .map(|(name, shape, v)| {
@@ -141,7 +141,7 @@ fn verdict(want: &[(f64, Vec<f64>)], threshold: f64) -> (i32, i32) {
     (k as i32, category(CATEGORIES[best]))
 }
 
-fn write_config(dir: &Path, base: &str, sum: &str, threshold: f64) {
+pub(crate) fn write_config(dir: &Path, base: &str, sum: &str, threshold: f64) {
     let config = json!({
         "retrace_head": 1,
         "base": base,

@@ -24,6 +24,7 @@ mod judge_output;
 mod judge_replies;
 mod judge_wire;
 mod label;
+mod learn;
 mod memory;
 mod outcome;
 mod prm;

@@ -70,6 +70,7 @@ pub(crate) fn router(
         .route("/v1/evaluate", post(evaluate))
         .route("/v1/rank", post(rank))
         .route("/v1/evaluators", get(evaluators))
+        .route("/v1/reload", post(reload))
         .route("/health", get(health))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -310,6 +311,20 @@ async fn rank(State(http): State<Arc<Http>>, headers: HeaderMap, body: Bytes) ->
         &body,
         |r: &pb::RankRequest| &r.evaluator,
         |r, deadline, arrived| super::rank(engine, r, deadline, arrived),
+    )
+    .await
+}
+
+/// The Reload call over JSON: `{"evaluator": "..."}`.
+async fn reload(State(http): State<Arc<Http>>, headers: HeaderMap, body: Bytes) -> Response {
+    let engine = &http.engine;
+    json_call(
+        "/v1/reload",
+        &http,
+        &headers,
+        &body,
+        |r: &pb::ReloadRequest| &r.evaluator,
+        |r, _, _| async move { engine.reload(&r.evaluator).await.map(super::reloaded) },
     )
     .await
 }

@@ -1,0 +1,205 @@
+//! The cascade that learns, on a real server: a cascade records what its judge (a fake upstream)
+//! decided, as dataset rows, while a load runs; its head is replaced on disk and reloaded
+//! (the Reload call), then a broken head is refused; no request fails and the bad head never
+//! serves.
+
+use crate::common::upstream::{Upstream, reply};
+use crate::common::{TestServer, request, sample};
+use crate::head::{copy_base, temp, weights, write_config, write_weights};
+use retrace::{Config, pb};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+use tonic::Code;
+
+const GOOD: &str =
+    "Paragraph 0 is right. Paragraph 1 claims a false fact.\n\\boxed{1}\nCategory: Hallucination";
+
+/// A head folder over the tiny base (copied into it), with `threshold`.
+fn head_folder(dir: &Path, threshold: f64) {
+    let base = dir.join("base");
+    copy_base(&base);
+    let sum = retrace_model::checkpoint_sha256(&base).unwrap();
+    write_weights(dir, &weights(64));
+    write_config(dir, "base", &sum, threshold);
+}
+
+/// `dir` replaced by `new` in two renames, as `train-head --force` swaps its output.
+fn replace(dir: &Path, new: &Path) {
+    let old = dir.with_extension("old");
+    std::fs::rename(dir, &old).unwrap();
+    std::fs::rename(new, dir).unwrap();
+    std::fs::remove_dir_all(old).unwrap();
+}
+
+fn trace(i: usize) -> pb::Trace {
+    let steps = vec![
+        format!("{i} + 3 = {}.", i + 3),
+        "It is even.".into(),
+        "So it is.".into(),
+    ];
+    pb::Trace {
+        question: format!("What is {i} + 3?"),
+        steps,
+        ..Default::default()
+    }
+}
+
+async fn threshold(s: &TestServer, name: &str) -> f32 {
+    let mut c = s.client().await;
+    let list = c
+        .list_evaluators(pb::ListEvaluatorsRequest {})
+        .await
+        .unwrap();
+    let info = list.get_ref().evaluators.iter().find(|e| e.name == name);
+    info.unwrap().threshold
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_request() {
+    let dir = temp("learn");
+    let head = dir.join("head");
+    head_folder(&head, 0.25);
+    let up = Upstream::start(reply(GOOD)).await;
+    let record = dir.join("rows").join("verdicts.jsonl");
+    let text = format!(
+        "[[evaluator]]\nname = \"head\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n\n\
+         [[evaluator]]\nname = \"j\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\n\
+         output = \"text\"\n\n[[evaluator]]\nname = \"c\"\nkind = \"cascade\"\nprm = \"head\"\n\
+         judge = \"j\"\nescalate_margin = 1.0\nrecord = {:?}\n",
+        head.display().to_string(),
+        up.base_url(),
+        record.display().to_string(),
+    );
+    let config = Config::parse(&text, "test config", &[]).unwrap();
+    let s = TestServer::start(config, retrace::default_loader()).await;
+    s.ready().await;
+    assert_eq!(threshold(&s, "c").await, 0.25);
+
+    // The load: two callers on the cascade, one on the head, until told to stop.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let judged = Arc::new(AtomicUsize::new(0));
+    let mut callers = Vec::new();
+    for (k, evaluator) in ["c", "c", "head"].into_iter().enumerate() {
+        let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
+        let judged = judged.clone();
+        let mut client = s.client().await;
+        callers.push(tokio::spawn(async move {
+            let mut i = k * 1000;
+            while !stop.load(Ordering::Relaxed) {
+                let r = client
+                    .evaluate(request(&i.to_string(), evaluator, trace(i)))
+                    .await;
+                sent.fetch_add(1, Ordering::SeqCst);
+                match r {
+                    Ok(_) if evaluator == "c" => _ = judged.fetch_add(1, Ordering::SeqCst),
+                    Ok(_) => {}
+                    Err(e) => {
+                        eprintln!("{evaluator} {i}: {e:?}");
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                i += 1;
+            }
+        }));
+    }
+    let until_sent = |n: usize| {
+        let sent = sent.clone();
+        async move {
+            while sent.load(Ordering::SeqCst) < n {
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), until_sent(10))
+        .await
+        .unwrap();
+
+    // A retrained head, put in place and reloaded while the load runs.
+    let new = dir.join("head.new");
+    head_folder(&new, 0.75);
+    replace(&head, &new);
+    let mut admin = s.client().await;
+    let reload = || pb::ReloadRequest {
+        evaluator: "head".into(),
+    };
+    let swapped = admin.reload(reload()).await.unwrap().into_inner();
+    assert_eq!(swapped.evaluator, "head");
+    assert_eq!(threshold(&s, "head").await, 0.75);
+    assert_eq!(
+        threshold(&s, "c").await,
+        0.75,
+        "the cascade follows its head's swap"
+    );
+    let after = sent.load(Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(60), until_sent(after + 10))
+        .await
+        .unwrap();
+
+    // A broken head (its base's checksum is not the base's) is refused; the last one serves on.
+    let bad = dir.join("head.bad");
+    head_folder(&bad, 0.5);
+    write_config(&bad, "base", &"0".repeat(64), 0.5);
+    replace(&head, &bad);
+    let refused = admin.reload(reload()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("checksum"),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(threshold(&s, "head").await, 0.75);
+    let cascade = pb::ReloadRequest {
+        evaluator: "c".into(),
+    };
+    let not_prm = admin.reload(cascade).await.unwrap_err();
+    assert_eq!(not_prm.code(), Code::InvalidArgument);
+    let after = sent.load(Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(60), until_sent(after + 10))
+        .await
+        .unwrap();
+
+    stop.store(true, Ordering::Relaxed);
+    for c in callers {
+        c.await.unwrap();
+    }
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        0,
+        "of {}",
+        sent.load(Ordering::SeqCst)
+    );
+    // Every cascade answer escalated (margin 1), so each becomes a row, counted once written.
+    let judged = judged.load(Ordering::SeqCst) as f64;
+    let written = [("evaluator", "c"), ("outcome", "written")];
+    let within = Duration::from_secs(10);
+    let metrics = s
+        .until_sample("retrace_recorded_total", &written, judged, within)
+        .await;
+    let reloads = |outcome| {
+        sample(
+            &metrics,
+            "retrace_reloads_total",
+            &[("evaluator", "head"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        (reloads("swapped"), reloads("refused")),
+        (Some(1.0), Some(1.0))
+    );
+    s.stop().await.unwrap();
+
+    // The rows are what the tools read.
+    let rows = retrace_cli::read_records(&record).unwrap();
+    let rows: Vec<_> = rows.map(Result::unwrap).collect();
+    assert!(rows.len() >= 20, "{} rows", rows.len());
+    assert_eq!(rows.len() as f64, judged);
+    for r in &rows {
+        assert_eq!(r.label, Some(1));
+        assert_eq!(r.category, Some(retrace::ErrorCategory::Hallucination));
+        assert_eq!(r.steps.len(), 3);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
