@@ -1,9 +1,10 @@
 //! The cascade that learns, on a real server: a cascade records what its judge (a fake upstream)
 //! decided, as dataset rows, while a load runs; its head is replaced on disk and reloaded
 //! (the Reload call), then a broken head is refused; no request fails and the bad head never
-//! serves.
+//! serves. And `scripts/learn/distill.py` closing the loop. Each test names its evaluators apart:
+//! the metrics are the process's.
 
-use crate::common::upstream::{Upstream, reply};
+use crate::common::upstream::{Fault, Upstream, reply};
 use crate::common::{TestServer, request, sample};
 use crate::head::{copy_base, temp, weights, write_config, write_weights};
 use retrace::{Config, pb};
@@ -201,5 +202,119 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
         assert_eq!(r.category, Some(retrace::ErrorCategory::Hallucination));
         assert_eq!(r.steps.len(), 3);
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An oracle judge: a trace whose second step says "odd" is wrong there, any other holds.
+fn oracle(body: &serde_json::Value) -> String {
+    match body.to_string().contains("It is odd.") {
+        true => "Paragraph 1 is false.\n\\boxed{1}\nCategory: Reasoning".into(),
+        false => "All paragraphs hold.\n\\boxed{-1}\nCategory: None".into(),
+    }
+}
+
+fn parity_trace(i: usize) -> pb::Trace {
+    let parity = if i.is_multiple_of(2) {
+        "It is even."
+    } else {
+        "It is odd."
+    };
+    let steps = vec![
+        format!("{i} + 2 = {}.", i + 2),
+        parity.into(),
+        "So it is.".into(),
+    ];
+    pb::Trace {
+        question: format!("Is {i} + 2 even?"),
+        steps,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distill_retrains_the_head_from_recorded_rows_and_swaps_it_in() {
+    let dir = temp("distill");
+    let base = dir.join("base");
+    copy_base(&base);
+    let sum = retrace_model::checkpoint_sha256(&base).unwrap();
+    let head = dir.join("head");
+    std::fs::create_dir_all(&head).unwrap();
+    write_weights(&head, &weights(64));
+    write_config(&head, base.to_str().unwrap(), &sum, 0.5);
+    let up = Upstream::start(Fault::By(oracle)).await;
+    let text = format!(
+        "[[evaluator]]\nname = \"dhead\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n\n\
+         [[evaluator]]\nname = \"dj\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\n\
+         output = \"text\"\n\n[[evaluator]]\nname = \"dc\"\nkind = \"cascade\"\nprm = \"dhead\"\n\
+         judge = \"dj\"\nescalate_margin = 1.0\nrecord = {:?}\n",
+        head.display().to_string(),
+        up.base_url(),
+        dir.join("rows/verdicts.jsonl").display().to_string(),
+    );
+    let toml = dir.join("retrace.toml");
+    std::fs::write(&toml, &text).unwrap();
+    let config = Config::parse(&text, "test config", &[]).unwrap();
+    let s = TestServer::start(config, retrace::default_loader()).await;
+    s.ready().await;
+    let mut client = s.client().await;
+    const TRACES: usize = 60;
+    for i in 0..TRACES {
+        let r = client
+            .evaluate(request(&i.to_string(), "dc", parity_trace(i)))
+            .await;
+        assert_eq!(
+            r.unwrap().get_ref().path,
+            pb::DecisionPath::Escalated as i32
+        );
+    }
+    let written = [("evaluator", "dc"), ("outcome", "written")];
+    s.until_sample(
+        "retrace_recorded_total",
+        &written,
+        TRACES as f64,
+        Duration::from_secs(10),
+    )
+    .await;
+
+    let out = std::process::Command::new("python3")
+        .arg(Path::new(crate::common::REPO).join("scripts/learn/distill.py"))
+        .args(["--config", toml.to_str().unwrap(), "--evaluator", "dc"])
+        .args(["--http", &format!("http://{}", s.http_addr)])
+        .args([
+            "--retrace",
+            env!("CARGO_BIN_EXE_retrace"),
+            "--once",
+            "--dev-share",
+            "0.3",
+        ])
+        .args(["--work", dir.join("work").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let log = std::fs::read_to_string(dir.join("work/distill.jsonl")).unwrap();
+    let entry: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert_eq!(entry["rows"], TRACES);
+    assert_eq!(entry["decision"], "swapped", "{said}");
+    assert!(
+        entry["candidate"].as_f64() >= entry["serving"].as_f64(),
+        "{entry}"
+    );
+    // The candidate serves: its threshold, through the cascade too; the old head is kept aside.
+    let trained: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(head.join("config.json")).unwrap()).unwrap();
+    let want = trained["threshold"].as_f64().unwrap() as f32;
+    assert_eq!(threshold(&s, "dc").await, want);
+    assert!(
+        dir.join("work/round-001/previous-head/head.safetensors")
+            .is_file()
+    );
+    assert!(
+        std::fs::read_to_string(dir.join("work/report.md"))
+            .unwrap()
+            .contains("swapped")
+    );
+    s.stop().await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -29,6 +29,8 @@ pub enum Fault {
     EventStream,
     /// 200 with an HTML page.
     Garbage,
+    /// 200 whose content depends on the request: a judge that reads the trace (an oracle).
+    By(fn(&Value) -> String),
 }
 
 pub struct Upstream {
@@ -122,7 +124,7 @@ async fn handle(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
     let _open = Open(s.clone());
     let body: Value = serde_json::from_slice(&body).expect("the judge sends JSON");
     let n = body.get("n").and_then(Value::as_u64).unwrap_or(1) as usize;
-    s.bodies.lock().unwrap().push(body);
+    s.bodies.lock().unwrap().push(body.clone());
     s.auth.lock().unwrap().push(
         headers
             .get("authorization")
@@ -134,6 +136,7 @@ async fn handle(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -
     };
     match fault {
         Fault::PerN(content) => completion(&vec![content; n]),
+        Fault::By(answer) => completion(&vec![answer(&body); n]),
         Fault::Reply(contents) => completion(&contents),
         Fault::Slow(delay, content) => {
             tokio::time::sleep(delay).await;

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""retrace's learning loop: retrain a cascade's head from what its judge decided, and swap it in
+only when it is no worse than the head serving.
+
+The server records each trace the cascade's judge decides (`record` on the cascade). Every
+`--every` new rows this script:
+  1. reads every recorded row (the current file and its rotated ones), plus any `--seed` data;
+  2. holds out `--dev-share` of the recorded rows by question (a question's traces stay on one
+     side; the same question always lands on the same side);
+  3. trains a candidate with `retrace train-head` on the serving head's base and format, over
+     the seed and the rest of the recorded rows;
+  4. scores the serving head and the candidate on the held-out rows the same way (`retrace eval`,
+     each head loaded in-process) against the judge's labels: ProcessBench's F1;
+  5. if the candidate is no worse, puts it in the serving head's folder (the old one moved
+     aside into the round's folder) and asks the server to reload (`POST /v1/reload`); a
+     refused reload puts the old folder back.
+Every decision goes to WORK/distill.jsonl and WORK/report.md, and one line to stdout.
+
+It is a script over the commands rather than a command of its own: each step is a tool that
+exists (train-head, eval, the reload call), an operator can rerun any one of them by hand from the
+round's folder, and the server needs nothing but its reload call. Standard library only.
+
+  scripts/learn/distill.py --config retrace.toml --evaluator CASCADE --http http://127.0.0.1:8080 \\
+      [--seed FILE ...] [--every 500] [--dev-share 0.2] [--work retrace-distill] [--once]
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, type=Path, help="the server's config")
+    ap.add_argument("--evaluator", required=True, help="the cascade whose head learns")
+    ap.add_argument("--http", required=True, help="the server's HTTP address, for the reload")
+    ap.add_argument("--token-env", help="variable holding the server's bearer token")
+    ap.add_argument("--retrace", type=Path, help="the retrace binary (default: target/release, "
+                    "else target/debug, else `retrace` on PATH)")
+    ap.add_argument("--seed", type=Path, nargs="*", default=[], help="labelled data trained on too")
+    ap.add_argument("--every", type=int, default=500, help="new recorded rows between rounds")
+    ap.add_argument("--dev-share", type=float, default=0.2)
+    ap.add_argument("--work", type=Path, default=Path("retrace-distill"))
+    ap.add_argument("--once", action="store_true", help="one round now, then exit")
+    ap.add_argument("--poll-s", type=float, default=10.0)
+    ap.add_argument("--train-arg", action="append", default=[],
+                    help="passed to train-head (repeatable), e.g. --train-arg=--epochs=30")
+    a = ap.parse_args(argv)
+    if a.every < 1 or not 0.0 < a.dev_share < 1.0:
+        ap.error("--every must be at least 1 and --dev-share lie in (0, 1)")
+    return a
+
+
+def retrace_bin(given):
+    if given:
+        return str(given)
+    for profile in ("release", "debug"):
+        b = ROOT / "target" / profile / "retrace"
+        if b.is_file():
+            return str(b)
+    return shutil.which("retrace") or sys.exit("no retrace binary: build it or pass --retrace")
+
+
+class Setup:
+    """What the server's config says of the cascade: where it records, which head it runs."""
+
+    def __init__(self, config, cascade):
+        tables = {t.get("name"): t for t in tomllib.loads(config.read_text()).get("evaluator", [])}
+        c = tables.get(cascade)
+        if not c or c.get("kind") != "cascade":
+            sys.exit(f"{config}: no cascade named {cascade!r}")
+        record = c.get("record")
+        if record is None:
+            sys.exit(f"{config}: cascade {cascade!r} records nothing: set `record` on it")
+        self.record = Path(record if isinstance(record, str) else record["path"])
+        self.prm = c["prm"]
+        p = tables.get(self.prm, {})
+        if p.get("family") != "head":
+            sys.exit(f"{config}: the cascade's prm {self.prm!r} is not a trained head")
+        self.head = Path(p["model"])
+        for path in ("record", "head"):
+            v = getattr(self, path)
+            if not v.is_absolute():
+                setattr(self, path, config.parent / v)
+
+    def record_files(self):
+        folder = self.record.is_dir() or str(self.record).endswith("/")
+        d, stem = (self.record, "verdicts") if folder else (self.record.parent, self.record.stem)
+        if not d.is_dir():
+            return []
+        names = [n for n in os.listdir(d) if n == f"{stem}.jsonl"
+                 or (n.startswith(f"{stem}.") and n.endswith(".jsonl") and n[len(stem) + 1:-6].isdigit())]
+        return sorted(d / n for n in names)
+
+
+def read_rows(files):
+    rows = []
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for line in fh:
+                # A line the writer has not finished is not a row yet.
+                if line.endswith("\n") and line.strip():
+                    rows.append(json.loads(line))
+    return rows
+
+
+def on_dev(question, share):
+    h = int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "big")
+    return h % 10_000 < share * 10_000
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def run(cmd, log):
+    with open(log, "w") as out:
+        r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({r.returncode}); see {log}")
+
+
+def score(retrace, head, dev, out):
+    """ProcessBench's F1 of `head` on `dev` (the judge's labels), loaded in-process."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = out / "eval.toml"
+    cfg.write_text(f'[[evaluator]]\nname = "head"\nkind = "prm"\nfamily = "head"\n'
+                   f'model = {json.dumps(str(head))}\n')
+    run([retrace, "eval", "--config", str(cfg), "--evaluator", "head", "--data", str(dev),
+         "--out", str(out / "eval"), "--no-progress"], out / "eval.log")
+    avg = json.loads((out / "eval" / "summary.json").read_text())["summary"]["average"]
+    # F1 needs both erroneous and all-correct traces; with one kind only, its accuracy decides.
+    for key in ("f1", "error_acc", "correct_acc"):
+        if avg.get(key) is not None:
+            return key, avg[key]
+    raise RuntimeError(f"{out}: eval scored no row")
+
+
+def reload(http, token_env, prm):
+    req = urllib.request.Request(f"{http.rstrip('/')}/v1/reload",
+                                 data=json.dumps({"evaluator": prm}).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    if token_env:
+        req.add_header("authorization", f"Bearer {os.environ[token_env]}")
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return True, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return False, json.loads(e.read() or b"{}")
+
+
+def swap(setup, candidate, aside, a):
+    """The candidate into the serving folder, then the reload; the old folder back if refused."""
+    staged = setup.head.with_name(setup.head.name + ".incoming")
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(candidate, staged)
+    os.rename(setup.head, aside)
+    os.rename(staged, setup.head)
+    ok, answer = reload(a.http, a.token_env, setup.prm)
+    if not ok:
+        shutil.rmtree(setup.head)
+        os.rename(aside, setup.head)
+    return ok, answer
+
+
+def round_(k, setup, a, retrace, rows):
+    here = a.work / f"round-{k:03d}"
+    here.mkdir(parents=True, exist_ok=True)
+    dev = [r for r in rows if on_dev(r["question"], a.dev_share)]
+    train = [r for r in rows if not on_dev(r["question"], a.dev_share)]
+    write_jsonl(here / "recorded-train.jsonl", train)
+    write_jsonl(here / "dev.jsonl", dev)
+    base_cfg = json.loads((setup.head / "config.json").read_text())
+    base = Path(base_cfg["base"])
+    if not base.is_absolute():
+        base = setup.head / base
+    if setup.head.resolve() in base.resolve().parents:
+        sys.exit(f"{setup.head}: its base lies inside the head folder, which a swap moves aside; "
+                 "keep the base outside it")
+    data = [str(s) for s in a.seed] + [str(here / "recorded-train.jsonl")]
+    started = time.monotonic()
+    run([retrace, "train-head", "--base", str(base), "--format", base_cfg.get("format", "chat-lm"),
+         "--data", *data, "--dev", str(here / "dev.jsonl"), "--out", str(here / "head"),
+         "--cache", str(a.work / "features"), "--force", "--no-progress", *a.train_arg],
+        here / "train.log")
+    train_s = time.monotonic() - started
+    metric, serving = score(retrace, setup.head, here / "dev.jsonl", here / "serving")
+    _, candidate = score(retrace, here / "head", here / "dev.jsonl", here / "candidate")
+    threshold = json.loads((here / "head" / "config.json").read_text())["threshold"]
+    entry = {"round": k, "rows": len(rows), "train": len(train), "dev": len(dev),
+             "metric": metric, "serving": serving, "candidate": candidate,
+             "threshold": threshold, "train_s": round(train_s, 1)}
+    if candidate < serving:
+        entry["decision"] = f"kept: the candidate's dev {metric} {candidate:.2f} < the serving head's {serving:.2f}"
+    else:
+        ok, answer = swap(setup, here / "head", here / "previous-head", a)
+        entry["decision"] = ("swapped" if ok else
+                             f"kept: the server refused the reload: {answer.get('error', answer)}")
+    return entry
+
+
+def report(a, entries):
+    lines = ["# retrace distill", "",
+             "| round | rows | train | dev | metric | serving | candidate | threshold | decision |",
+             "|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+    for e in entries:
+        lines.append(f"| {e['round']} | {e['rows']} | {e['train']} | {e['dev']} | {e['metric']} | "
+                     f"{e['serving']:.2f} | {e['candidate']:.2f} | {e['threshold']:.3f} | {e['decision']} |")
+    (a.work / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv):
+    a = parse_args(argv)
+    retrace = retrace_bin(a.retrace)
+    setup = Setup(a.config, a.evaluator)
+    a.work.mkdir(parents=True, exist_ok=True)
+    log = a.work / "distill.jsonl"
+    entries = [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
+    last = entries[-1]["rows"] if entries else 0
+    while True:
+        rows = read_rows(setup.record_files())
+        if len(rows) >= last + a.every or (a.once and rows):
+            entry = round_(len(entries) + 1, setup, a, retrace, rows)
+            entries.append(entry)
+            with open(log, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+            report(a, entries)
+            print(f"round {entry['round']}: {entry['rows']} rows, dev {entry['metric']} serving "
+                  f"{entry['serving']:.2f} candidate {entry['candidate']:.2f}: {entry['decision']}",
+                  flush=True)
+            last = len(rows)
+        elif a.once:
+            sys.exit(f"no recorded rows in {setup.record}")
+        if a.once:
+            return 0
+        time.sleep(a.poll_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
