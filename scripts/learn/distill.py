@@ -8,9 +8,11 @@ The server records each trace the cascade's judge decides (`record` on the casca
   2. holds out `--dev-share` of the recorded rows by question (a question's traces stay on one
      side; the same question always lands on the same side);
   3. trains a candidate with `retrace train-head` on the serving head's base and format, over
-     the seed and the rest of the recorded rows;
-  4. scores the serving head and the candidate on the held-out rows the same way (`retrace eval`,
-     each head loaded in-process) against the judge's labels: ProcessBench's F1;
+     the seed and the rest of the recorded rows (in files of `--chunk` rows, so each round
+     extracts only the new rows' features);
+  4. scores the serving head and the candidate on the newest `--max-dev` held-out rows the same
+     way (`retrace eval`, each head loaded in-process) against the judge's labels: ProcessBench's
+     F1;
   5. if the candidate is no worse, puts it in the serving head's folder (the old one moved
      aside into the round's folder) and asks the server to reload (`POST /v1/reload`); a
      refused reload puts the old folder back.
@@ -50,14 +52,18 @@ def parse_args(argv):
     ap.add_argument("--seed", type=Path, nargs="*", default=[], help="labelled data trained on too")
     ap.add_argument("--every", type=int, default=500, help="new recorded rows between rounds")
     ap.add_argument("--dev-share", type=float, default=0.2)
+    ap.add_argument("--chunk", type=int, default=100,
+                    help="recorded training rows per file, each file's features cached apart")
+    ap.add_argument("--max-dev", type=int, default=200,
+                    help="held-out rows scored per round: the newest ones (both heads are scored)")
     ap.add_argument("--work", type=Path, default=Path("retrace-distill"))
     ap.add_argument("--once", action="store_true", help="one round now, then exit")
     ap.add_argument("--poll-s", type=float, default=10.0)
     ap.add_argument("--train-arg", action="append", default=[],
                     help="passed to train-head (repeatable), e.g. --train-arg=--epochs=30")
     a = ap.parse_args(argv)
-    if a.every < 1 or not 0.0 < a.dev_share < 1.0:
-        ap.error("--every must be at least 1 and --dev-share lie in (0, 1)")
+    if min(a.every, a.chunk, a.max_dev) < 1 or not 0.0 < a.dev_share < 1.0:
+        ap.error("--every, --chunk and --max-dev must be at least 1, --dev-share in (0, 1)")
     return a
 
 
@@ -123,6 +129,20 @@ def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def write_chunks(folder, rows, size):
+    """`rows` as files of `size` rows in record order: a file already written is written again
+    byte for byte, so train-head's feature cache (keyed by each file's checksum) extracts only
+    the rows that are new."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for start in range(0, len(rows), size):
+        part = rows[start:start + size]
+        path = folder / f"rows-{start:07d}.jsonl"
+        write_jsonl(path, part)
+        paths.append(path)
+    return paths
+
+
 def run(cmd, log):
     with open(log, "w") as out:
         r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -176,9 +196,9 @@ def swap(setup, candidate, aside, a):
 def round_(k, setup, a, retrace, rows):
     here = a.work / f"round-{k:03d}"
     here.mkdir(parents=True, exist_ok=True)
-    dev = [r for r in rows if on_dev(r["question"], a.dev_share)]
+    dev = [r for r in rows if on_dev(r["question"], a.dev_share)][-a.max_dev:]
     train = [r for r in rows if not on_dev(r["question"], a.dev_share)]
-    write_jsonl(here / "recorded-train.jsonl", train)
+    chunks = write_chunks(a.work / "train", train, a.chunk)
     write_jsonl(here / "dev.jsonl", dev)
     base_cfg = json.loads((setup.head / "config.json").read_text())
     base = Path(base_cfg["base"])
@@ -187,7 +207,7 @@ def round_(k, setup, a, retrace, rows):
     if setup.head.resolve() in base.resolve().parents:
         sys.exit(f"{setup.head}: its base lies inside the head folder, which a swap moves aside; "
                  "keep the base outside it")
-    data = [str(s) for s in a.seed] + [str(here / "recorded-train.jsonl")]
+    data = [str(s) for s in a.seed] + [str(c) for c in chunks]
     started = time.monotonic()
     run([retrace, "train-head", "--base", str(base), "--format", base_cfg.get("format", "chat-lm"),
          "--data", *data, "--dev", str(here / "dev.jsonl"), "--out", str(here / "head"),

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Measures the learning loop: traces streamed through a recording cascade in rounds, with
+`distill.py` retraining its head between rounds, against an oracle judge (oracle_judge.py: each
+trace's gold label, the stand-in for a strong judge).
+
+  scripts/learn/loop_bench.py --data DIR [--splits gsm8k,math] [--seed-traces 300] \\
+      [--round 500] [--rounds 4] [--margin 0.1] [--base FOLDER] [--work runs/loop-bench]
+
+The data (ProcessBench-shaped JSON splits in DIR) is cut by question: the seed head is trained on
+`--seed-traces` traces, and the rounds stream traces of other questions, which the head never saw
+until the judge labelled them. Per round: the share of traces escalated to the judge, the head's
+agreement with the judge (gold) on the traces it decided alone, the cascade's ProcessBench F1
+against gold, judge calls and seconds per trace, and distill's decision after the round. Round 1
+runs the seed head. Standard library only; the retrace binary is target/release's, else
+target/debug's (or --retrace).
+"""
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def post(url, body, timeout=600):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_http(url, seconds, proc):
+    for _ in range(seconds * 5):
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            sys.exit(f"exited before {url} answered")
+        time.sleep(0.2)
+    sys.exit(f"no answer from {url}")
+
+
+def cut(data, splits, seed_traces, seed):
+    rows = []
+    for split in splits:
+        for r in json.loads((data / f"{split}.json").read_text()):
+            rows.append({"id": f"{split}-{r['id']}", "dataset": split, "question": r["problem"],
+                         "steps": r["steps"], "label": r["label"]})
+    questions = sorted({r["question"] for r in rows})
+    random.Random(seed).shuffle(questions)
+    by_q = {}
+    for r in rows:
+        by_q.setdefault(r["question"], []).append(r)
+    seed_rows, stream = [], []
+    for q in questions:
+        (seed_rows if len(seed_rows) < seed_traces else stream).extend(by_q[q])
+    random.Random(seed + 1).shuffle(stream)
+    return seed_rows, stream
+
+
+def metric(pairs):
+    """ProcessBench's F1 over (gold, predicted) pairs, as percentages."""
+    err = [p == g for g, p in pairs if g != -1]
+    ok = [p == -1 for g, p in pairs if g == -1]
+    ea = 100 * sum(err) / len(err) if err else None
+    ca = 100 * sum(ok) / len(ok) if ok else None
+    if ea is None or ca is None:
+        return None
+    return 0.0 if ea + ca == 0 else 2 * ea * ca / (ea + ca)
+
+
+def run_round(http, traces, callers):
+    out, lock, it = [], threading.Lock(), iter(traces)
+
+    def work():
+        while True:
+            with lock:
+                r = next(it, None)
+            if r is None:
+                return
+            v = post(f"{http}/v1/evaluate", {"evaluator": "c", "trace": {
+                "question": r["question"], "steps": r["steps"]}})
+            with lock:
+                out.append((r, v))
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=work) for _ in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out, time.monotonic() - started
+
+
+def summarize(k, results, seconds, decision):
+    escalated = [(r, v) for r, v in results if v.get("path") == "DECISION_PATH_ESCALATED"]
+    alone = [(r, v) for r, v in results if v.get("path") != "DECISION_PATH_ESCALATED"]
+    agree = sum(v["first_error_index"] == r["label"] for r, v in alone)
+    pairs = [(r["label"], v["first_error_index"]) for r, v in results]
+    n = len(results)
+    return {"round": k, "traces": n, "escalated": len(escalated) / n,
+            "head_agreement_alone": agree / len(alone) if alone else None,
+            "cascade_f1": metric(pairs), "judge_calls_per_trace": len(escalated) / n,
+            "seconds_per_trace": seconds / n, "distill": decision}
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--splits", default="gsm8k,math")
+    ap.add_argument("--seed-traces", type=int, default=300)
+    ap.add_argument("--round", type=int, default=500)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--margin", type=float, default=0.1)
+    ap.add_argument("--callers", type=int, default=2)
+    ap.add_argument("--max-dev", type=int, default=200, help="distill's held-out rows a round")
+    ap.add_argument("--base", type=Path,
+                    default=Path(os.environ.get("RETRACE_CACHE_DIR", Path.home() / ".cache/retrace")) / "smollm2")
+    ap.add_argument("--work", type=Path, default=Path("runs/loop-bench"))
+    ap.add_argument("--retrace", type=Path)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    retrace = str(a.retrace or next((p for p in (ROOT / "target/release/retrace",
+                                                  ROOT / "target/debug/retrace") if p.is_file()), "retrace"))
+    a.work.mkdir(parents=True, exist_ok=True)
+    work = a.work.resolve()
+    seed_rows, stream = cut(a.data, a.splits.split(","), a.seed_traces, a.seed)
+    need = a.round * a.rounds
+    if len(stream) < need:
+        sys.exit(f"{len(stream)} traces beyond the seed; {need} asked for")
+    stream = stream[:need]
+    seed_file, stream_file = work / "seed.jsonl", work / "stream.jsonl"
+    seed_file.write_text("".join(json.dumps(r) + "\n" for r in seed_rows))
+    stream_file.write_text("".join(json.dumps(r) + "\n" for r in stream))
+
+    head = work / "head"
+    if not (head / "config.json").is_file():
+        started = time.monotonic()
+        subprocess.run([retrace, "train-head", "--base", str(a.base), "--data", str(seed_file),
+                        "--out", str(head), "--cache", str(work / "features"), "--no-progress",
+                        "--seed", str(a.seed)], check=True)
+        print(f"seed head: {time.monotonic() - started:.0f} s", flush=True)
+
+    oracle_port, grpc, http_port, metrics = free_port(), free_port(), free_port(), free_port()
+    procs = [subprocess.Popen([sys.executable, str(HERE / "oracle_judge.py"), "--port",
+                               str(oracle_port), "--data", str(seed_file), str(stream_file)])]
+    config = work / "retrace.toml"
+    config.write_text(
+        f'[[evaluator]]\nname = "head"\nkind = "prm"\nfamily = "head"\nmodel = "{head}"\n\n'
+        f'[[evaluator]]\nname = "j"\nkind = "judge"\nbase_url = "http://127.0.0.1:{oracle_port}/v1"\n'
+        f'model = "oracle"\noutput = "text"\ndomain = "math"\n\n'
+        f'[[evaluator]]\nname = "c"\nkind = "cascade"\nprm = "head"\njudge = "j"\n'
+        f'escalate_margin = {a.margin}\nrecord = "{work / "rows" / "verdicts.jsonl"}"\n')
+    http = f"http://127.0.0.1:{http_port}"
+    try:
+        procs.append(subprocess.Popen([retrace, "serve", "--config", str(config), "--grpc-addr",
+                                       f"127.0.0.1:{grpc}", "--http-addr", f"127.0.0.1:{http_port}",
+                                       "--metrics-addr", f"127.0.0.1:{metrics}"],
+                                      env={**os.environ, "RETRACE_LOG": "warn"}))
+        wait_http(f"{http}/health", 300, procs[-1])
+        table = []
+        for k in range(a.rounds):
+            results, seconds = run_round(http, stream[k * a.round:(k + 1) * a.round], a.callers)
+            d = subprocess.run([sys.executable, str(HERE / "distill.py"), "--config", str(config),
+                                "--evaluator", "c", "--http", http, "--retrace", retrace,
+                                "--seed", str(seed_file), "--work", str(work / "distill"),
+                                "--once", "--max-dev", str(a.max_dev)],
+                               capture_output=True, text=True)
+            decision = (d.stdout.strip().splitlines() or [d.stderr.strip()[-300:]])[-1]
+            row = summarize(k + 1, results, seconds, decision)
+            table.append(row)
+            print(json.dumps(row), flush=True)
+        (work / "loop.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table))
+        print("\n| round | traces | escalated | head = judge, alone | cascade F1 | judge calls / trace | s / trace |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for r in table:
+            f1 = "-" if r["cascade_f1"] is None else f"{r['cascade_f1']:.1f}"
+            ag = "-" if r["head_agreement_alone"] is None else f"{100 * r['head_agreement_alone']:.1f}%"
+            print(f"| {r['round']} | {r['traces']} | {100 * r['escalated']:.1f}% | {ag} | {f1} | "
+                  f"{r['judge_calls_per_trace']:.2f} | {r['seconds_per_trace']:.2f} |")
+    finally:
+        for p in procs:
+            p.terminate()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
