@@ -1,6 +1,5 @@
 //! The registry: evaluators by name, admission control, per-evaluator queues, deadlines.
 
-use super::reload::Reloader;
 use super::slot::{Gated, GaugeGuard, Slot, SlotSpec};
 use super::{
     Description, EngineError, Evaluator, EvaluatorLoadError, LoadFailure, NotLoaded, Request,
@@ -16,6 +15,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 /// `Loaded` holds the evaluators built before it, which a cascade wraps.
 pub(crate) type LoadByName =
     Arc<dyn Fn(&str, &Loaded) -> Result<Arc<dyn Evaluator>, LoadFailure> + Send + Sync>;
+
+/// What the loader needs again for a reload (`reload.rs`): set once every evaluator has loaded.
+pub(super) struct Reloader {
+    pub(super) loader: LoadByName,
+    /// Every evaluator, each through its gate: what a reloaded evaluator may wrap.
+    pub(super) loaded: Loaded,
+}
 
 /// The limits shared by every evaluator.
 #[derive(Debug, Clone, PartialEq)]

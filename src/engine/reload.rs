@@ -3,19 +3,12 @@
 //! old one finish on it; a model that fails to load is refused with the reason, and the old one
 //! serves on.
 
-use super::registry::{Engine, LoadByName, Loaded};
+use super::registry::{Engine, Reloader};
 use super::{EngineError, Evaluator};
 use crate::field::FieldPath;
 use crate::metrics;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// What the loader needs again for a reload: set once every evaluator has loaded.
-pub(super) struct Reloader {
-    pub(super) loader: LoadByName,
-    /// Every evaluator, each through its gate: what a reloaded evaluator may wrap.
-    pub(super) loaded: Loaded,
-}
 
 /// A swap that happened.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,7 +73,7 @@ impl Engine {
     }
 
     /// Every evaluator a reload takes: the PRMs.
-    pub fn reloadable(&self) -> Vec<String> {
+    pub(crate) fn reloadable(&self) -> Vec<String> {
         self.list()
             .into_iter()
             .filter(|s| s.description.kind == "prm")
