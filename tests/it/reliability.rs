@@ -320,20 +320,29 @@ async fn sigterm_under_load_answers_the_admitted_and_exits_zero() {
     let mut in_flight_at_signal = 0;
     let mut last_answer = Duration::ZERO;
     let mut sent_after_stop = 0;
+    let mut unexpected = Vec::new();
     while let Some(outcomes) = set.join_next().await {
         for o in outcomes.unwrap() {
             // CANCELLED is what a request that reaches the server after shutdown began gets, as
-            // `late` below does: the server answers every request it admitted. A caller that
-            // read `stopping` just before it was set sends once more, and on a loaded machine a
-            // request sent before the signal can reach the server after it; each caller has one
-            // request out at a time, so at most one of each straddles the signal.
-            if o.code == Some(Code::Cancelled) && o.started + o.latency > signalled {
+            // `late` below does, and a stream the client opened just as the server's GOAWAY
+            // came is refused unread: the server answers every request it admitted. A caller
+            // that read `stopping` just before it was set sends once more, and on a loaded
+            // machine a request sent before the signal can reach the server after it; each
+            // caller has one request out at a time, so at most one of each straddles the signal.
+            let not_admitted = o.code == Some(Code::Cancelled) || o.unprocessed;
+            if not_admitted && o.started + o.latency > signalled {
                 sent_after_stop += 1;
                 continue;
             }
             if o.started + o.latency > signalled {
                 in_flight_at_signal += 1;
                 last_answer = last_answer.max(o.started + o.latency - signalled);
+            }
+            if !matches!(
+                o.code,
+                Some(Code::Ok | Code::ResourceExhausted | Code::DeadlineExceeded)
+            ) {
+                unexpected.push((o.code, o.message.clone()));
             }
             tally.add(&o);
         }
@@ -377,7 +386,7 @@ async fn sigterm_under_load_answers_the_admitted_and_exits_zero() {
     // busy with other builds an admitted request can outlast its caller's 2 s deadline (2 of 8
     // in flight at the signal, once here), which the server then reports as it should.
     assert_eq!(tally.unanswered, 0);
-    assert!(tally.other.is_empty(), "{:?}", tally.other);
+    assert!(tally.other.is_empty(), "{unexpected:?}");
     assert!(sent_after_stop <= 2 * MAX_IN_FLIGHT, "{sent_after_stop}");
     assert!(tally.ok > 0 && tally.exhausted > 0);
     assert!(last_answer < Duration::from_secs(GRACE_S));

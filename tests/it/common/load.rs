@@ -16,6 +16,11 @@ pub struct Outcome {
     pub code: Option<Code>,
     pub latency: Duration,
     pub started: Instant,
+    /// The server's GOAWAY refused the stream before it was read: the request never reached
+    /// the service (tonic reports this as INTERNAL, "connection error received").
+    pub unprocessed: bool,
+    /// The status's message, for a failure's report.
+    pub message: String,
 }
 
 /// Sends `request` with `deadline`; `code` is None when nothing came back in time.
@@ -24,15 +29,28 @@ pub async fn send(channel: Channel, request: pb::EvaluateRequest, deadline: Dura
     let mut req = tonic::Request::new(request);
     req.set_timeout(deadline);
     let started = Instant::now();
-    let code = tokio::time::timeout(deadline + UNANSWERED, client.evaluate(req))
+    let answer = tokio::time::timeout(deadline + UNANSWERED, client.evaluate(req))
         .await
-        .ok()
-        .map(|r| r.map_or_else(|s| code_seen(&s), |_| Code::Ok));
+        .ok();
+    let unprocessed = matches!(&answer, Some(Err(s)) if refused_by_goaway(s));
+    let message = match &answer {
+        Some(Err(s)) => s.message().to_string(),
+        _ => String::new(),
+    };
     Outcome {
-        code,
+        message,
+        code: answer.map(|r| r.map_or_else(|s| code_seen(&s), |_| Code::Ok)),
         latency: started.elapsed(),
         started,
+        unprocessed,
     }
+}
+
+/// A stream the client opened past the last one a server's GOAWAY accepts: h2 fails it with the
+/// GOAWAY's reason (NO_ERROR on a graceful shutdown), which tonic reports as INTERNAL. The server
+/// never saw the request, so it is safe to send again elsewhere.
+fn refused_by_goaway(status: &tonic::Status) -> bool {
+    status.code() == Code::Internal && status.message().contains("connection error received")
 }
 
 /// The status's code, with tonic's own client timer counted as the deadline it is: the server
