@@ -9,7 +9,9 @@ use std::time::Duration;
 mod learning;
 mod reward;
 mod upstream;
-pub(crate) use learning::{record_cascade, record_recorded, record_reload, recorded_at_zero};
+pub(crate) use learning::{
+    record_cascade, record_recorded, record_reload, recorded_at_zero, set_head,
+};
 #[cfg(test)]
 pub(crate) use reward::{REWARD_ROUTES, REWARD_STATUSES};
 pub(crate) use reward::{record_reward_sample, reward_samples_at_zero};

@@ -1,11 +1,14 @@
 //! The cascade's metrics and those of the loop that learns from its judge: decisions by path,
 //! verdicts recorded, and evaluators reloaded.
 
-use metrics::{counter, describe_counter};
+use metrics::{counter, describe_counter, describe_gauge, gauge};
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 
 pub(crate) const CASCADE_PATHS: &str = "retrace_cascade_total";
 pub(crate) const RECORDED: &str = "retrace_recorded_total";
 pub(crate) const RELOADS: &str = "retrace_reloads_total";
+pub(crate) const HEAD_INFO: &str = "retrace_head_info";
 
 /// `retrace_recorded_total`'s outcomes.
 pub(crate) const RECORDED_OUTCOMES: [&str; 3] = ["written", "dropped", "failed"];
@@ -24,6 +27,11 @@ pub(super) fn describe() {
         RELOADS,
         "Evaluator reloads, by evaluator and outcome (swapped; refused: the new model failed to \
          load and the old one serves on)."
+    );
+    describe_gauge!(
+        HEAD_INFO,
+        "1 for the trained head an evaluator serves, by evaluator, head_sha256 (its folder's \
+         head.safetensors and config.json) and base_sha256; 0 for a head a reload replaced."
     );
 }
 
@@ -45,4 +53,21 @@ pub(crate) fn record_recorded(evaluator: &str, outcome: &'static str, rows: u64)
 
 pub(crate) fn record_reload(evaluator: &str, outcome: &'static str) {
     counter!(RELOADS, "evaluator" => evaluator.to_string(), "outcome" => outcome).increment(1);
+}
+
+/// The head (and base) each evaluator serves, so a reload can set its predecessor's series to 0.
+static HEADS: LazyLock<Mutex<HashMap<String, [String; 2]>>> = LazyLock::new(Default::default);
+
+/// `evaluator` now serves the head `head_sha256` over the base `base_sha256`.
+pub(crate) fn set_head(evaluator: &str, head_sha256: &str, base_sha256: &str) {
+    let series = |[head, base]: [String; 2]| gauge!(HEAD_INFO, "evaluator" => evaluator.to_string(), "head_sha256" => head, "base_sha256" => base);
+    let now = [head_sha256.to_string(), base_sha256.to_ascii_lowercase()];
+    // Only what the gauges say sits behind this lock; a panic cannot leave it half-written.
+    let mut heads = HEADS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(before) = heads.insert(evaluator.to_string(), now.clone())
+        && before != now
+    {
+        series(before).set(0.0);
+    }
+    series(now).set(1.0);
 }

@@ -5,7 +5,7 @@ use super::batcher::{CacheStats, Row, ScoreError, Scorer};
 use super::config::{DeviceSpec, Dtype, PrmConfig};
 use super::format::Encoded;
 use candle_core::{DType, Device};
-use retrace_model::{HeadSpec, ModelError, PrmModel, Reuse};
+use retrace_model::{HeadSpec, ModelError, PrmModel, Reuse, SharedBase, TrainedSpec};
 use std::path::Path;
 
 impl Scorer for PrmModel {
@@ -39,17 +39,40 @@ pub(super) fn load_model(
     cfg: &PrmConfig,
 ) -> Result<PrmModel, ModelError> {
     let device = device(cfg.device())?;
-    let dtype = match cfg.dtype() {
+    Ok(PrmModel::load(folder, head, &device, dtype(cfg.dtype()))?.with_reuse(reuse(cfg)))
+}
+
+/// The base at `path` without a head, as `load_model` would place it, for heads to share.
+pub(super) fn load_base(
+    path: &Path,
+    cfg: &PrmConfig,
+    served: Dtype,
+) -> Result<SharedBase, ModelError> {
+    SharedBase::load(path, &device(cfg.device())?, dtype(served))
+}
+
+/// The trained head `spec` over `base`, with the prefix cache and sharing `cfg` asks for.
+pub(super) fn load_on_base(
+    base: &SharedBase,
+    spec: &TrainedSpec,
+    cfg: &PrmConfig,
+) -> Result<PrmModel, ModelError> {
+    Ok(PrmModel::on_base(base, spec)?.with_reuse(reuse(cfg)))
+}
+
+fn dtype(dtype: Dtype) -> DType {
+    match dtype {
         Dtype::F32 => DType::F32,
         Dtype::Bf16 => DType::BF16,
         Dtype::F16 => DType::F16,
-    };
-    Ok(
-        PrmModel::load(folder, head, &device, dtype)?.with_reuse(Reuse {
-            cache_bytes: cfg.prefix_cache_mb() << 20,
-            share: cfg.prefix_sharing(),
-        }),
-    )
+    }
+}
+
+fn reuse(cfg: &PrmConfig) -> Reuse {
+    Reuse {
+        cache_bytes: cfg.prefix_cache_mb() << 20,
+        share: cfg.prefix_sharing(),
+    }
 }
 
 /// The candle device a config names; CUDA needs a build with `--features cuda`.

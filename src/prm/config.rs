@@ -95,7 +95,7 @@ pub enum DeviceSpec {
 }
 
 /// The dtype a PRM's weights and activations use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     F32,

@@ -1,6 +1,7 @@
 //! Process reward models on candle: checkpoint loading, the decoder, heads, per-family input
 //! formatting, and the batching model thread, behind the engine's `Evaluator` trait.
 
+mod bases;
 mod batcher;
 mod candle;
 mod config;
@@ -26,7 +27,7 @@ use batcher::Batcher;
 use format::{FormatError, Formatter, PrmKind};
 use futures::future::BoxFuture;
 use head::HeadFolder;
-use retrace_model::HeadSpec;
+use retrace_model::SharedBase;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -105,6 +106,8 @@ pub struct PrmEvaluator {
     batcher: Batcher,
     /// A trained head's folder (family `head`): its threshold and category labels.
     head: Option<HeadFolder>,
+    /// A trained head's base, held so that the next head on it (a reload's) shares it.
+    base: Option<Arc<SharedBase>>,
 }
 
 /// Loads the PRM an `[[evaluator]]` table describes (runs on a blocking thread): the checkpoint
@@ -150,7 +153,7 @@ impl PrmEvaluator {
     }
 
     /// A head trained on a frozen base (`cfg.model` is its folder): the base verified by its
-    /// checksum, formatted with the head's format, loaded with the head.
+    /// checksum, formatted with the head's format, and shared with any head that holds it.
     fn load_head(
         name: &str,
         max_concurrency: usize,
@@ -167,8 +170,14 @@ impl PrmEvaluator {
         head.check_dtype(served).map_err(fail)?;
         let formatter =
             Formatter::load(head.config.format, &head.base).map_err(|e| fail(e.to_string()))?;
-        let spec = HeadSpec::Trained(head.config.spec(&dir));
-        let model = candle::load_model(&head.base, spec, cfg).map_err(|e| fail(e.to_string()))?;
+        let (base, shared) =
+            bases::base_for(&head, cfg, served).map_err(|e| fail(e.to_string()))?;
+        let model = candle::load_on_base(&base, &head.config.spec(&dir), cfg)
+            .map_err(|e| fail(e.to_string()))?;
+        let head_sha256 =
+            retrace_model::checkpoint_sha256(&dir).map_err(|e| fail(e.to_string()))?;
+        tracing::info!(evaluator = name, head = %dir.display(), %head_sha256, base_shared = shared, "head loaded");
+        metrics::set_head(name, &head_sha256, &head.config.base_sha256);
         let limits = Limits {
             max_tokens: model.max_positions(),
             vocab_size: model.vocab_size(),
@@ -176,6 +185,7 @@ impl PrmEvaluator {
         let mut evaluator =
             Self::assemble(name, max_concurrency, cfg, dir, formatter, model, limits)?;
         evaluator.head = Some(head);
+        evaluator.base = Some(base);
         Ok(evaluator)
     }
 
@@ -232,6 +242,7 @@ impl PrmEvaluator {
             vocab_size: limits.vocab_size,
             batcher,
             head: None,
+            base: None,
         })
     }
 }

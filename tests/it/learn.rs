@@ -62,12 +62,14 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
     let dir = temp("learn");
     let head = dir.join("head");
     head_folder(&head, 0.25);
+    let first = retrace_model::checkpoint_sha256(&head).unwrap();
+    let base_sum = retrace_model::checkpoint_sha256(&head.join("base")).unwrap();
     let up = Upstream::start(reply(GOOD)).await;
     let record = dir.join("rows").join("verdicts.jsonl");
     let text = format!(
-        "[[evaluator]]\nname = \"head\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n\n\
+        "[[evaluator]]\nname = \"learner\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n\n\
          [[evaluator]]\nname = \"j\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\n\
-         output = \"text\"\n\n[[evaluator]]\nname = \"c\"\nkind = \"cascade\"\nprm = \"head\"\n\
+         output = \"text\"\n\n[[evaluator]]\nname = \"c\"\nkind = \"cascade\"\nprm = \"learner\"\n\
          judge = \"j\"\nescalate_margin = 1.0\nrecord = {:?}\n",
         head.display().to_string(),
         up.base_url(),
@@ -83,7 +85,7 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
     let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let judged = Arc::new(AtomicUsize::new(0));
     let mut callers = Vec::new();
-    for (k, evaluator) in ["c", "c", "head"].into_iter().enumerate() {
+    for (k, evaluator) in ["c", "c", "learner"].into_iter().enumerate() {
         let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
         let judged = judged.clone();
         let mut client = s.client().await;
@@ -121,14 +123,15 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
     // A retrained head, put in place and reloaded while the load runs.
     let new = dir.join("head.new");
     head_folder(&new, 0.75);
+    let second = retrace_model::checkpoint_sha256(&new).unwrap();
     replace(&head, &new);
     let mut admin = s.client().await;
     let reload = || pb::ReloadRequest {
-        evaluator: "head".into(),
+        evaluator: "learner".into(),
     };
     let swapped = admin.reload(reload()).await.unwrap().into_inner();
-    assert_eq!(swapped.evaluator, "head");
-    assert_eq!(threshold(&s, "head").await, 0.75);
+    assert_eq!(swapped.evaluator, "learner");
+    assert_eq!(threshold(&s, "learner").await, 0.75);
     assert_eq!(
         threshold(&s, "c").await,
         0.75,
@@ -151,7 +154,7 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
         "{}",
         refused.message()
     );
-    assert_eq!(threshold(&s, "head").await, 0.75);
+    assert_eq!(threshold(&s, "learner").await, 0.75);
     let cascade = pb::ReloadRequest {
         evaluator: "c".into(),
     };
@@ -183,13 +186,23 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
         sample(
             &metrics,
             "retrace_reloads_total",
-            &[("evaluator", "head"), ("outcome", outcome)],
+            &[("evaluator", "learner"), ("outcome", outcome)],
         )
     };
     assert_eq!(
         (reloads("swapped"), reloads("refused")),
         (Some(1.0), Some(1.0))
     );
+    // The head serving is 1, the one it replaced 0; the refused one never served.
+    let info = |head: &str| {
+        let labels = [
+            ("evaluator", "learner"),
+            ("head_sha256", head),
+            ("base_sha256", base_sum.as_str()),
+        ];
+        sample(&metrics, "retrace_head_info", &labels)
+    };
+    assert_eq!((info(&first), info(&second)), (Some(0.0), Some(1.0)));
     s.stop().await.unwrap();
 
     // The rows are what the tools read.

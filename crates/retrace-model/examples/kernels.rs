@@ -58,7 +58,7 @@ fn main() -> Res<()> {
         };
         let (dir, _) = find_or_make()?;
         let model = PrmModel::load(&dir, HeadSpec::States, &Device::Cpu, DType::F32)?;
-        return profile(model.with_kernels(k), read_shape(&dir)?, rounds);
+        return profile(model.with_kernels(k)?, read_shape(&dir)?, rounds);
     }
     let (dir, what) = match flag("--model") {
         Some(d) => (PathBuf::from(d), "the model given".to_string()),
@@ -101,7 +101,7 @@ fn forwards(mut model: PrmModel, s: Shape, rounds: usize, peak: f64) -> Res<[(f6
             let reads: Vec<Vec<usize>> = vec![vec![len - 1]; rows];
             let pos: Vec<&[usize]> = reads.iter().map(Vec::as_slice).collect();
             for (i, &k) in sets.iter().enumerate() {
-                model = model.with_kernels(k);
+                model = model.with_kernels(k)?;
                 let t = Instant::now();
                 model.states(&refs, &pos, &[s.layers])?;
                 // Round 0 warms up (page faults, rayon's threads).

@@ -72,6 +72,7 @@ fn load(dir: &Path, kernels: Kernels, cache_bytes: usize) -> PrmModel {
     PrmModel::load(dir, HeadSpec::States, &Device::Cpu, DType::F32)
         .unwrap()
         .with_kernels(kernels)
+        .unwrap()
         .with_reuse(Reuse {
             cache_bytes,
             share: true,

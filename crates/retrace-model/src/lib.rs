@@ -70,7 +70,7 @@ pub use error::ModelError;
 pub use gguf::{Gguf, is_gguf};
 pub use head::HeadSpec;
 pub use kernels::Kernels;
-pub use model::{CacheStats, PrmModel, Reuse};
+pub use model::{CacheStats, PrmModel, Reuse, SharedBase};
 pub use trained::{
     HEAD_CONFIG, HEAD_WEIGHTS, TrainedKind, TrainedSpec, average_states, head_tensors,
 };

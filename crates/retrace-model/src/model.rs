@@ -11,23 +11,54 @@ use crate::gguf::{Gguf, GgufTensors, is_gguf};
 use crate::head::{Head, HeadSpec, matrix_rows};
 use crate::kernels::Kernels;
 use crate::prefix_cache::PrefixCache;
+use crate::trained::{Trained, TrainedSpec};
 use crate::weights::FileTensors;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A PRM ready to score: its weights immutable after loading; its prefix cache (when on) is
 /// the model thread's own.
 pub struct PrmModel {
     config: ModelConfig,
-    decoder: Decoder,
+    /// Shared with the other heads on the same base (`SharedBase`); the weights are read-only.
+    decoder: Arc<Decoder>,
     head: Head,
     cache: Option<Mutex<PrefixCache>>,
     /// Rows of one batch that share tokens compute them once (off only to measure it).
     share: bool,
     dtype: DType,
+}
+
+/// A decoder loaded once, for trained heads to share (`PrmModel::on_base`): a head on it holds
+/// its own weights only, so swapping one head for another on the same base reads no base weights
+/// and holds no second copy of them.
+#[derive(Clone)]
+pub struct SharedBase {
+    config: ModelConfig,
+    decoder: Arc<Decoder>,
+    dtype: DType,
+    device: Device,
+}
+
+impl SharedBase {
+    /// Loads the checkpoint at `path` (a folder or a `.gguf` file) without a head.
+    pub fn load(path: &Path, device: &Device, dtype: DType) -> Result<Self, ModelError> {
+        let model = PrmModel::load(path, HeadSpec::States, device, dtype)?;
+        Ok(SharedBase {
+            config: model.config,
+            decoder: model.decoder,
+            dtype: model.dtype,
+            device: device.clone(),
+        })
+    }
+
+    /// Whether `model` runs on this very base (the same weights in memory, not a copy).
+    pub fn runs(&self, model: &PrmModel) -> bool {
+        Arc::ptr_eq(&self.decoder, &model.decoder)
+    }
 }
 
 /// A prefix cache's state, for its metrics.
@@ -119,10 +150,23 @@ impl PrmModel {
         Ok(Self::new(config, decoder, head, dtype))
     }
 
+    /// The trained head `spec` over `base`: only the head's weights are read.
+    pub fn on_base(base: &SharedBase, spec: &TrainedSpec) -> Result<Self, ModelError> {
+        let head = Head::Trained(Trained::load(spec, &base.config, &base.device)?);
+        Ok(Self {
+            config: base.config.clone(),
+            decoder: base.decoder.clone(),
+            head,
+            cache: None,
+            share: true,
+            dtype: base.dtype,
+        })
+    }
+
     fn new(config: ModelConfig, decoder: Decoder, head: Head, dtype: DType) -> Self {
         Self {
             config,
-            decoder,
+            decoder: Arc::new(decoder),
             head,
             cache: None,
             share: true,
@@ -139,10 +183,14 @@ impl PrmModel {
     }
 
     /// Which ops the decoder runs: the fused kernels (the default; on CPU f32 only, candle's
-    /// ops elsewhere) or candle's ops everywhere.
-    pub fn with_kernels(mut self, kernels: Kernels) -> Self {
-        self.decoder.set_kernels(kernels);
-        self
+    /// ops elsewhere) or candle's ops everywhere. Refused on a base that other heads share: the
+    /// choice is the base's, made before it is shared.
+    pub fn with_kernels(mut self, kernels: Kernels) -> Result<Self, ModelError> {
+        let decoder = Arc::get_mut(&mut self.decoder).ok_or_else(|| {
+            ModelError::BadInput("the kernels of a base other heads share are fixed".into())
+        })?;
+        decoder.set_kernels(kernels);
+        Ok(self)
     }
 
     /// What the prefix cache holds, when it is on.

@@ -128,18 +128,18 @@ fn chunked_attention_is_exact() {
     for family in ["math-shepherd", "rlhflow"] {
         let mut model = load(family, DType::F32);
         // One query row per chunk at the largest L in the batch: the smallest possible chunks.
-        model.decoder.scores_budget = 1;
+        decoder_mut(&mut model).scores_budget = 1;
         let cases = cases(family);
         let got = score_all(&model, &cases);
         let d = max_diff(&got, |i| cases[i].scores.clone());
         assert!(d < 1e-4, "{family}: chunked diff {d}");
-        model.decoder.scores_budget = 4 * 4 * 300 * 37;
+        decoder_mut(&mut model).scores_budget = 4 * 4 * 300 * 37;
         let got = score_all(&model, &cases);
         let d = max_diff(&got, |i| cases[i].scores.clone());
         assert!(d < 1e-4, "{family}: uneven chunk diff {d}");
         // The GPU's query blocks, here on the CPU: whole rows in one chunk.
-        model.decoder.scores_budget = crate::decoder::SCORES_BUDGET_BYTES;
-        model.decoder.query_block = crate::decoder::QUERY_BLOCK_GPU;
+        decoder_mut(&mut model).scores_budget = crate::decoder::SCORES_BUDGET_BYTES;
+        decoder_mut(&mut model).query_block = crate::decoder::QUERY_BLOCK_GPU;
         let got = score_all(&model, &cases);
         let d = max_diff(&got, |i| cases[i].scores.clone());
         assert!(d < 1e-4, "{family}: GPU-sized chunk diff {d}");
@@ -556,4 +556,9 @@ fn a_prefix_cache_poisoned_by_a_panic_is_reported_as_such_not_as_bad_input() {
     let err = model.score_rows(rows, &[&[2]]).unwrap_err();
     assert!(matches!(err, ModelError::Poisoned(_)), "{err}");
     assert_eq!(err.to_string(), "the prefix cache was poisoned by a panic");
+}
+
+/// A model's own decoder, to set its chunking (a model loaded alone shares it with nobody).
+fn decoder_mut(model: &mut PrmModel) -> &mut crate::decoder::Decoder {
+    Arc::get_mut(&mut model.decoder).expect("an unshared decoder")
 }

@@ -340,6 +340,46 @@ fn a_trained_head_scores_sigmoid_of_its_weights_on_the_averaged_taps() {
 }
 
 #[test]
+fn heads_on_a_shared_base_hold_one_copy_and_score_as_if_each_had_its_own() {
+    let folder = fixture("chat-lm");
+    let base = SharedBase::load(&folder, &Device::Cpu, DType::F32).unwrap();
+    let h = 64;
+    let cases = cases("chat-lm");
+    let (rows, pos) = rows_of(&cases);
+    let mut on_base = Vec::new();
+    for (m, k) in [(None, 0), (Some(8), 4)] {
+        let dir = temp(&format!("shared-{k}"));
+        write_head(&dir, &head_tensors(h, m, k), &shapes(h, m.unwrap_or(0), k));
+        let spec = TrainedSpec {
+            dir: dir.clone(),
+            layers: vec![1],
+            hidden_size: h,
+            kind: m.map_or(TrainedKind::Logistic, |hidden| TrainedKind::Mlp { hidden }),
+            categories: k,
+        };
+        let shared = PrmModel::on_base(&base, &spec).unwrap();
+        let alone =
+            PrmModel::load(&folder, HeadSpec::Trained(spec), &Device::Cpu, DType::F32).unwrap();
+        assert!(base.runs(&shared) && !base.runs(&alone));
+        assert_eq!(
+            shared.score_rows(&rows, &pos).unwrap(),
+            alone.score_rows(&rows, &pos).unwrap(),
+            "head {m:?}"
+        );
+        on_base.push(shared);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    // The base's kernels were chosen before it was shared.
+    let err = on_base
+        .pop()
+        .unwrap()
+        .with_kernels(Kernels::Candle)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("share"), "{err}");
+}
+
+#[test]
 fn a_bad_trained_head_is_refused_naming_its_file() {
     let folder = fixture("chat-lm");
     let h = 64;
