@@ -13,6 +13,11 @@ agreement with the judge (gold) on the traces it decided alone, the cascade's Pr
 against gold, judge calls and seconds per trace, and distill's decision after the round. Round 1
 runs the seed head. Standard library only; the retrace binary is target/release's, else
 target/debug's (or --retrace).
+
+--judge-url URL (an OpenAI-compatible server, e.g. llama-server with --jinja) puts a real judge in
+the oracle's place; the head's agreement with it on the traces the head decided alone is then
+measured by asking the judge about those traces too (calls the cascade did not make, not counted
+in the cost columns).
 """
 
 import argparse
@@ -89,7 +94,7 @@ def metric(pairs):
     return 0.0 if ea + ca == 0 else 2 * ea * ca / (ea + ca)
 
 
-def run_round(http, traces, callers):
+def run_round(http, traces, callers, evaluator="c"):
     out, lock, it = [], threading.Lock(), iter(traces)
 
     def work():
@@ -98,7 +103,7 @@ def run_round(http, traces, callers):
                 r = next(it, None)
             if r is None:
                 return
-            v = post(f"{http}/v1/evaluate", {"evaluator": "c", "trace": {
+            v = post(f"{http}/v1/evaluate", {"evaluator": evaluator, "trace": {
                 "question": r["question"], "steps": r["steps"]}})
             with lock:
                 out.append((r, v))
@@ -112,10 +117,12 @@ def run_round(http, traces, callers):
     return out, time.monotonic() - started
 
 
-def summarize(k, results, seconds, decision):
+def summarize(k, results, seconds, decision, judge_of):
+    """`judge_of(alone)` gives the judge's first error for each trace the head decided alone."""
     escalated = [(r, v) for r, v in results if v.get("path") == "DECISION_PATH_ESCALATED"]
     alone = [(r, v) for r, v in results if v.get("path") != "DECISION_PATH_ESCALATED"]
-    agree = sum(v["first_error_index"] == r["label"] for r, v in alone)
+    judged = judge_of([r for r, _ in alone])
+    agree = sum(v["first_error_index"] == j for (_, v), j in zip(alone, judged))
     pairs = [(r["label"], v["first_error_index"]) for r, v in results]
     n = len(results)
     return {"round": k, "traces": n, "escalated": len(escalated) / n,
@@ -139,6 +146,8 @@ def main(argv):
     ap.add_argument("--work", type=Path, default=Path("runs/loop-bench"))
     ap.add_argument("--retrace", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--judge-url", help="a real judge's OpenAI-compatible base URL (.../v1)")
+    ap.add_argument("--judge-model", default="judge")
     a = ap.parse_args(argv)
     retrace = str(a.retrace or next((p for p in (ROOT / "target/release/retrace",
                                                   ROOT / "target/debug/retrace") if p.is_file()), "retrace"))
@@ -162,13 +171,20 @@ def main(argv):
         print(f"seed head: {time.monotonic() - started:.0f} s", flush=True)
 
     oracle_port, grpc, http_port, metrics = free_port(), free_port(), free_port(), free_port()
-    procs = [subprocess.Popen([sys.executable, str(HERE / "oracle_judge.py"), "--port",
-                               str(oracle_port), "--data", str(seed_file), str(stream_file)])]
+    procs = []
+    if a.judge_url:
+        judge = (f'base_url = "{a.judge_url}"\nmodel = "{a.judge_model}"\nupstream = "llama.cpp"\n'
+                 f'output = "json_schema"\nmax_tokens = 512\ntimeout_s = 900\ncache_entries = 0\n'
+                 f'max_concurrency = 2\ndomain = "math"\n')
+    else:
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "oracle_judge.py"), "--port",
+                                       str(oracle_port), "--data", str(seed_file), str(stream_file)]))
+        judge = (f'base_url = "http://127.0.0.1:{oracle_port}/v1"\nmodel = "oracle"\n'
+                 f'output = "text"\ndomain = "math"\n')
     config = work / "retrace.toml"
     config.write_text(
         f'[[evaluator]]\nname = "head"\nkind = "prm"\nfamily = "head"\nmodel = "{head}"\n\n'
-        f'[[evaluator]]\nname = "j"\nkind = "judge"\nbase_url = "http://127.0.0.1:{oracle_port}/v1"\n'
-        f'model = "oracle"\noutput = "text"\ndomain = "math"\n\n'
+        f'[[evaluator]]\nname = "j"\nkind = "judge"\n{judge}\n'
         f'[[evaluator]]\nname = "c"\nkind = "cascade"\nprm = "head"\njudge = "j"\n'
         f'escalate_margin = {a.margin}\nrecord = "{work / "rows" / "verdicts.jsonl"}"\n')
     http = f"http://127.0.0.1:{http_port}"
@@ -187,7 +203,14 @@ def main(argv):
                                 "--once", "--max-dev", str(a.max_dev)],
                                capture_output=True, text=True)
             decision = (d.stdout.strip().splitlines() or [d.stderr.strip()[-300:]])[-1]
-            row = summarize(k + 1, results, seconds, decision)
+            if a.judge_url:
+                def judge_of(traces):
+                    asked = dict((id(r), v) for r, v in run_round(http, traces, a.callers, "j")[0])
+                    return [asked[id(r)]["first_error_index"] for r in traces]
+            else:
+                def judge_of(traces):
+                    return [r["label"] for r in traces]
+            row = summarize(k + 1, results, seconds, decision, judge_of)
             table.append(row)
             print(json.dumps(row), flush=True)
         (work / "loop.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table))
