@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The trained-head benchmark: a head on SmolLM2-135M (f32) trained on some labelled splits and
-# tested on splits it never saw, against zero-shot chat-lm on the same base; a learning curve;
-# training time; and extraction's throughput against serving's on the same traces.
+# The trained-head benchmark: a head on a base (SmolLM2-135M f32 unless --base names another
+# folder or .gguf file) trained on some labelled splits and tested on splits it never saw,
+# against zero-shot chat-lm on the same base; a learning curve; training time; and extraction's
+# throughput against serving's on the same traces.
 #
 #   scripts/bench/head-bench.sh --data DIR [--out runs/head-bench] [--train 2000] [--dev 300]
-#                               [--test 150] [--more N]
+#                               [--test 150] [--more N] [--base PATH] [--seed S]
 #
+# --base: e.g. the Qwen2.5-Coder-0.5B GGUF that scripts/fetch/fetch-qwen-base.sh prints.
+# --seed: the cut of the data and the heads' initialisation (default 0).
+# RETRACE_BIN=PATH runs that binary instead of building target/release/retrace.
 # --more N: one more learning-curve point, trained on the --train traces plus N more drawn from
 # what dev left (docs/training.md's training time at 5,000 traces: --train 2000 --more 3000).
 # DIR holds processbench/ and general/ (ProcessBench, Mr-Ben, BIG-Bench Mistake as JSON arrays).
@@ -14,7 +18,7 @@
 set -euo pipefail
 source "$(dirname "$0")/../lib/common.sh"
 cd "$ROOT"
-DATA="" OUT=runs/head-bench TRAIN=2000 DEV=300 TEST=150 MORE=0
+DATA="" OUT=runs/head-bench TRAIN=2000 DEV=300 TEST=150 MORE=0 BASE="" SEED=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) DATA=$2; shift 2 ;;
@@ -23,18 +27,26 @@ while [ $# -gt 0 ]; do
     --dev) DEV=$2; shift 2 ;;
     --test) TEST=$2; shift 2 ;;
     --more) MORE=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --base) BASE=$2; shift 2 ;;
+    --seed) SEED=$2; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "head-bench: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -n "$DATA" ] || { echo "head-bench: --data DIR is required (see --help)" >&2; exit 2; }
-BASE=$CACHE/smollm2
-[ -f "$BASE/model.safetensors" ] || scripts/fetch-smollm2.sh --f32
-cargo build --release --locked --quiet
-BIN=target/release/retrace
+if [ -z "$BASE" ]; then
+  BASE=$CACHE/smollm2
+  [ -f "$BASE/model.safetensors" ] || scripts/fetch-smollm2.sh --f32
+fi
+[ -e "$BASE" ] || { echo "head-bench: base $BASE does not exist" >&2; exit 2; }
+BIN=${RETRACE_BIN:-}
+if [ -z "$BIN" ]; then
+  cargo build --release --locked --quiet
+  BIN=target/release/retrace
+fi
 mkdir -p "$OUT"
 python3 scripts/bench/head_bench.py prepare --data "$DATA" --out "$OUT/data" \
-  --train "$TRAIN" --dev "$DEV" --test "$TEST" --more "$MORE"
+  --train "$TRAIN" --dev "$DEV" --test "$TEST" --more "$MORE" --seed "$SEED"
 
 train() { # NAME [train-head options...]
   local name=$1; shift
@@ -42,7 +54,7 @@ train() { # NAME [train-head options...]
   [ "$name" = more ] && data+=("$OUT"/data/more-*.json)
   "$BIN" train-head --base "$BASE" --data "${data[@]}" --dev "$OUT"/data/dev-*.json \
     --test "$OUT"/data/test-*.json --cache "$OUT/features" --out "$OUT/head-$name" --force \
-    --no-progress "$@" | tee "$OUT/train-$name.log"
+    --no-progress --seed "$SEED" "$@" | tee "$OUT/train-$name.log"
 }
 train full
 [ "$MORE" -gt 0 ] && train more
