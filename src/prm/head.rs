@@ -39,6 +39,9 @@ pub struct HeadConfig {
     /// Hidden units of an `mlp` head.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlp_hidden: Option<usize>,
+    /// The width of a `trace` head (its projection and GRU state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_width: Option<usize>,
     /// A step whose probability is below it is wrong; the first such step is the first error.
     pub threshold: f32,
     /// The category head's labels in its row order; `None` without one.
@@ -63,6 +66,8 @@ pub struct HeadConfig {
 pub enum HeadKind {
     Logistic,
     Mlp,
+    /// A trace probe: a step's score also reads the steps before it (`retrace_model::TraceProbe`).
+    Trace,
 }
 
 impl HeadKind {
@@ -70,6 +75,7 @@ impl HeadKind {
         match self {
             HeadKind::Logistic => "logistic",
             HeadKind::Mlp => "mlp",
+            HeadKind::Trace => "trace",
         }
     }
 }
@@ -140,15 +146,24 @@ impl HeadConfig {
         if self.hidden_size == 0 {
             return Err(("hidden_size", "must be at least 1".into()));
         }
-        match (self.head, self.mlp_hidden) {
-            (HeadKind::Mlp, None | Some(0)) => {
+        match (self.head, self.mlp_hidden, self.trace_width) {
+            (HeadKind::Mlp, None | Some(0), _) => {
                 return Err((
                     "mlp_hidden",
                     "an mlp head needs at least 1 hidden unit".into(),
                 ));
             }
-            (HeadKind::Logistic, Some(_)) => {
+            (HeadKind::Trace, _, None | Some(0)) => {
+                return Err((
+                    "trace_width",
+                    "a trace head needs a width of at least 1".into(),
+                ));
+            }
+            (HeadKind::Logistic | HeadKind::Trace, Some(_), _) => {
                 return Err(("mlp_hidden", "applies only to head = \"mlp\"".into()));
+            }
+            (HeadKind::Logistic | HeadKind::Mlp, _, Some(_)) => {
+                return Err(("trace_width", "applies only to head = \"trace\"".into()));
             }
             _ => {}
         }
@@ -178,6 +193,9 @@ impl HeadConfig {
                 HeadKind::Logistic => TrainedKind::Logistic,
                 HeadKind::Mlp => TrainedKind::Mlp {
                     hidden: self.mlp_hidden.unwrap_or(0),
+                },
+                HeadKind::Trace => TrainedKind::Trace {
+                    width: self.trace_width.unwrap_or(0),
                 },
             },
             categories: self.categories.as_ref().map_or(0, Vec::len),

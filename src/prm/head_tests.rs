@@ -204,3 +204,50 @@ fn the_category_is_the_most_probable_error_label() {
     assert_eq!(none.category(&[]), ErrorCategory::Unspecified);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_trace_head_needs_its_width_and_only_it() {
+    let dir = temp("trace");
+    let mut v = example();
+    v["head"] = json!("trace");
+    v.as_object_mut().unwrap().remove("mlp_hidden");
+    v["trace_width"] = json!(32);
+    write(&dir, &v);
+    let c = HeadConfig::read(&dir).unwrap();
+    assert_eq!(c.spec(&dir).kind, TrainedKind::Trace { width: 32 });
+    for (key, value, want) in [
+        (
+            "trace_width",
+            Value::Null,
+            "bad `trace_width`: a trace head needs",
+        ),
+        (
+            "trace_width",
+            json!(0),
+            "bad `trace_width`: a trace head needs",
+        ),
+        (
+            "mlp_hidden",
+            json!(8),
+            "bad `mlp_hidden`: applies only to head = \"mlp\"",
+        ),
+    ] {
+        let mut bad = v.clone();
+        match value {
+            Value::Null => bad.as_object_mut().unwrap().remove(key),
+            value => bad.as_object_mut().unwrap().insert(key.into(), value),
+        };
+        write(&dir, &bad);
+        let e = HeadConfig::read(&dir).unwrap_err();
+        assert!(e.contains("config.json") && e.contains(want), "{key}: {e}");
+    }
+    let mut mlp = example();
+    mlp["trace_width"] = json!(32);
+    write(&dir, &mlp);
+    let e = HeadConfig::read(&dir).unwrap_err();
+    assert!(
+        e.contains("bad `trace_width`: applies only to head = \"trace\""),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

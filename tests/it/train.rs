@@ -174,12 +174,26 @@ fn writes_the_head_folder_and_repeats_it_from_the_cache() {
     match config["head"].as_str().unwrap() {
         "logistic" => assert_eq!(head["step.weight"].dims(), [1, 64]),
         "mlp" => assert_eq!(head["step.2.weight"].dims(), [1, 64]),
+        "trace" => {
+            assert_eq!(config["trace_width"], 32, "the default width");
+            assert_eq!(head["trace.input.weight"].dims(), [32, 64]);
+            assert_eq!(head["trace.gru_hh.weight"].dims(), [96, 32]);
+            assert_eq!(head["trace.out.weight"].dims(), [1, 64]);
+        }
         other => panic!("head {other}"),
     }
     let scores = std::fs::read_to_string(out.join("dev-scores.jsonl")).unwrap();
     assert_eq!(scores.lines().count(), dev_rows);
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
-    for part in ["## Taps", "final", "| [2] |", "## Threshold", "## Training"] {
+    for part in [
+        "## Taps",
+        "final",
+        "| [2] |",
+        "## Step head",
+        "trace probe 32",
+        "## Threshold",
+        "## Training",
+    ] {
         assert!(report.contains(part), "{part} missing from the report");
     }
 
@@ -484,6 +498,23 @@ fn with_categories(src: &Path, dest: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_served_head_scores_dev_as_training_did() {
+    served_as_trained(&[os("--trace-width"), os("0")], "logistic|mlp").await;
+}
+
+/// A trace probe reads each step's predecessors: served one trace at a time, it must give
+/// what training computed over all of them side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_trace_probe_scores_dev_as_training_did() {
+    served_as_trained(
+        &[os("--head"), os("trace"), os("--trace-width"), os("8")],
+        "trace",
+    )
+    .await;
+}
+
+/// Trains a head on the tiny base with `extra` options, expects its kind to match `kinds`
+/// (alternatives split by `|`), serves it and compares every dev and test trace's scores.
+async fn served_as_trained(extra: &[&std::ffi::OsStr], kinds: &str) {
     use crate::common::{max_gap, request, spawn_retrace, step_scores};
     use retrace::pb;
     use retrace_cli::{Row, read_rows};
@@ -510,9 +541,12 @@ async fn a_served_head_scores_dev_as_training_did() {
         os("--cache"),
         os(&cache),
     ];
+    let args: Vec<&std::ffi::OsStr> = args.into_iter().chain(extra.iter().copied()).collect();
     train_head(&args).unwrap();
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    let kind = config["head"].as_str().unwrap();
+    assert!(kinds.split('|').any(|k| k == kind), "{kind}, not {kinds}");
     assert_eq!(config["categories"][3], "reasoning");
     assert_eq!(config["label_counts"]["traces"], 24, "--max-train");
     // Dev's rows then test's: the server must score both as training did.

@@ -82,7 +82,8 @@ impl Batch<'_> {
             return Ok(rows.iter().map(|_| no_reads()).collect());
         }
         let pass = self.pass(rows, positions, self.head.taps())?;
-        let read = self.head.read(&pass.out)?;
+        let reads: Vec<usize> = positions.iter().map(|p| p.len()).collect();
+        let read = self.head.read(&pass.out, &reads)?;
         let tokens = row_tokens(&pass.layout, &read_lengths(positions));
         Ok(split_rows(read, positions, tokens))
     }

@@ -131,12 +131,12 @@ impl Head {
         }
     }
 
-    /// The head at a pass's reads: one score in [0, 1] per read, and a trained head's
-    /// category probabilities.
-    pub(crate) fn read(&self, out: &Output) -> Result<Reading> {
+    /// The head at a pass's reads (`rows`: how many each row of the batch has): one score in
+    /// [0, 1] per read, and a trained head's category probabilities.
+    pub(crate) fn read(&self, out: &Output, rows: &[usize]) -> Result<Reading> {
         match self {
             Self::Trained(t) => {
-                let (scores, categories) = t.read(&out.taps)?;
+                let (scores, categories) = t.read(&out.taps, rows)?;
                 Ok(Reading { scores, categories })
             }
             Self::States => {

@@ -40,7 +40,8 @@
 //!   and `Kernels`, the switch between them and candle's ops.
 //! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair, a
 //!   sequence classifier's `score`); `classifier.rs`: a sequence classifier's own config keys;
-//!   `trained.rs`: a head trained on a frozen base, over the hidden states of chosen layers.
+//!   `trained.rs`: a head trained on a frozen base, over the hidden states of chosen layers;
+//!   `trace_probe.rs`: the trained head that reads a trace's steps in order.
 //! - `checksum.rs`: a checkpoint's weights checksum, which ties a trained head to its base.
 //! - `gguf.rs`, `weights.rs`: checkpoints from GGUF files and safetensors.
 //! - `plan.rs` (a batch's layout of shared segments), `prefix_cache.rs` (what earlier batches
@@ -59,6 +60,7 @@ mod layers;
 mod model;
 mod plan;
 mod prefix_cache;
+mod trace_probe;
 mod trained;
 mod weights;
 
@@ -71,6 +73,7 @@ pub use gguf::{Gguf, is_gguf};
 pub use head::HeadSpec;
 pub use kernels::Kernels;
 pub use model::{CacheStats, PrmModel, Reuse, SharedBase};
+pub use trace_probe::TraceProbe;
 pub use trained::{
     HEAD_CONFIG, HEAD_WEIGHTS, TrainedKind, TrainedSpec, average_states, head_tensors,
 };

@@ -1,9 +1,11 @@
 //! A PRM head trained on a frozen base (a head folder's `head.safetensors`, docs/training.md):
 //! the mean of some layers' hidden states at each read, standardised, through a logistic or
-//! one-hidden-layer MLP step head, and an optional category head on the same features.
+//! one-hidden-layer MLP step head or a trace probe over the trace's steps in order, and an
+//! optional category head on the same features.
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
+use crate::trace_probe::TraceProbe;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
 use std::collections::HashMap;
@@ -27,6 +29,12 @@ pub mod head_tensors {
     pub const STEP_OUT: &str = "step.2";
     /// The category head's layer.
     pub const CATEGORY: &str = "category";
+    /// A trace probe's layers (`TraceProbe`): the input projection, the GRU's input and
+    /// state weights, and the output layer.
+    pub const TRACE_INPUT: &str = "trace.input";
+    pub const TRACE_GRU_IH: &str = "trace.gru_ih";
+    pub const TRACE_GRU_HH: &str = "trace.gru_hh";
+    pub const TRACE_OUT: &str = "trace.out";
 
     pub fn weight(layer: &str) -> String {
         format!("{layer}.weight")
@@ -59,6 +67,8 @@ pub enum TrainedKind {
     Logistic,
     /// p = sigmoid(W2 relu(W1 x + b1) + b2), W1 with `hidden` rows.
     Mlp { hidden: usize },
+    /// A trace probe `width` wide over the trace's steps in order (`TraceProbe`).
+    Trace { width: usize },
 }
 
 pub(crate) struct Trained {
@@ -73,6 +83,7 @@ pub(crate) struct Trained {
 enum Step {
     Logistic(Linear),
     Mlp { l0: Linear, l2: Linear },
+    Trace(TraceProbe),
 }
 
 /// A head file's tensors, each checked for its shape as it is taken.
@@ -116,6 +127,28 @@ impl Weights<'_> {
         let w = self.get(&head_tensors::weight(name), &[rows, cols], what)?;
         let b = self.get(&head_tensors::bias(name), &[rows], what)?;
         Ok(Linear::new(w, Some(b)))
+    }
+
+    fn trace_probe(&self, d: usize, h: usize) -> Result<TraceProbe, ModelError> {
+        let what = "trace_width and the base's hidden size";
+        let pair = |name: &str, rows: usize, cols: usize| -> Result<_, ModelError> {
+            let w = self.get(&head_tensors::weight(name), &[rows, cols], what)?;
+            Ok((w, self.get(&head_tensors::bias(name), &[rows], what)?))
+        };
+        let (input_w, input_b) = pair(head_tensors::TRACE_INPUT, d, h)?;
+        let (gru_ih_w, gru_ih_b) = pair(head_tensors::TRACE_GRU_IH, 3 * d, d)?;
+        let (gru_hh_w, gru_hh_b) = pair(head_tensors::TRACE_GRU_HH, 3 * d, d)?;
+        let (out_w, out_b) = pair(head_tensors::TRACE_OUT, 1, 2 * d)?;
+        Ok(TraceProbe {
+            input_w,
+            input_b,
+            gru_ih_w,
+            gru_ih_b,
+            gru_hh_w,
+            gru_hh_b,
+            out_w,
+            out_b,
+        })
     }
 }
 
@@ -164,6 +197,7 @@ impl Trained {
                 )?,
                 l2: w.linear(head_tensors::STEP_OUT, 1, hidden, "mlp_hidden")?,
             },
+            TrainedKind::Trace { width } => Step::Trace(w.trace_probe(width, h)?),
         };
         let category = match spec.categories {
             0 => None,
@@ -187,15 +221,21 @@ impl Trained {
         &self.layers
     }
 
-    /// The head over the tapped layers' states (`taps`, (reads, H) each, in `layers` order):
-    /// each read's score, and its category probabilities (none without a category head).
-    pub(crate) fn read(&self, taps: &[Tensor]) -> candle_core::Result<(Vec<f32>, Vec<Vec<f32>>)> {
+    /// The head over the tapped layers' states (`taps`, (reads, H) each, in `layers` order;
+    /// `rows`: how many reads each row of the batch has, row after row): each read's score, and
+    /// its category probabilities (none without a category head).
+    pub(crate) fn read(
+        &self,
+        taps: &[Tensor],
+        rows: &[usize],
+    ) -> candle_core::Result<(Vec<f32>, Vec<Vec<f32>>)> {
         let x = average(taps)?
             .broadcast_sub(&self.mean)?
             .broadcast_div(&self.scale)?;
         let z = match &self.step {
             Step::Logistic(l) => l.forward(&x)?,
             Step::Mlp { l0, l2 } => l2.forward(&l0.forward(&x)?.relu()?)?,
+            Step::Trace(probe) => per_row(probe, &x, rows)?,
         };
         let scores = candle_nn::ops::sigmoid(&z)?
             .flatten_all()?
@@ -206,6 +246,21 @@ impl Trained {
         };
         Ok((scores, categories))
     }
+}
+
+/// A trace probe over each row's reads on their own, so a row's scores do not depend on the
+/// rows batched with it.
+fn per_row(probe: &TraceProbe, x: &Tensor, rows: &[usize]) -> candle_core::Result<Tensor> {
+    let mut start = 0;
+    let mut out = Vec::with_capacity(rows.len());
+    for &len in rows.iter().filter(|&&l| l > 0) {
+        out.push(probe.logits(&x.narrow(0, start, len)?, &[(0, len)])?);
+        start += len;
+    }
+    if start != x.dim(0)? {
+        candle_core::bail!("{} reads, but the rows name {start}", x.dim(0)?)
+    }
+    Tensor::cat(&out, 0)
 }
 
 /// The feature: the layers' states summed in f32 in order, then divided by their count.
@@ -266,8 +321,14 @@ fn check_spec(spec: &TrainedSpec, cfg: &ModelConfig) -> Result<(), ModelError> {
             ),
         ));
     }
-    if let TrainedKind::Mlp { hidden: 0 } = spec.kind {
-        return Err(bad("mlp_hidden", "must be at least 1".into()));
+    match spec.kind {
+        TrainedKind::Mlp { hidden: 0 } => {
+            return Err(bad("mlp_hidden", "must be at least 1".into()));
+        }
+        TrainedKind::Trace { width: 0 } => {
+            return Err(bad("trace_width", "must be at least 1".into()));
+        }
+        _ => {}
     }
     Ok(())
 }

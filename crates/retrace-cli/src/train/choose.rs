@@ -1,6 +1,6 @@
 //! The decisions dev makes, in order: the tap (a logistic head on each candidate, the best dev
-//! F1 wins), the head kind (an MLP on the winning tap, kept only when its dev F1 beats the
-//! logistic head's by the margin), the threshold, and the category head.
+//! F1 wins), the head kind (an MLP, then a trace probe, on the winning tap, each kept only when
+//! its dev F1 beats the head kept so far by the margin), the threshold, and the category head.
 
 use super::fit::{Fitted, Params};
 use super::head::{Head, HeadKind, Standardiser};
@@ -23,8 +23,20 @@ pub(crate) struct Settings {
     pub(crate) params: Params,
     /// The MLP's hidden width; 0: no MLP is tried.
     pub(crate) mlp_hidden: usize,
-    /// F1 points by which the MLP must beat the logistic head on dev to be kept.
-    pub(crate) mlp_margin: f64,
+    /// The trace probe's width; 0: none is tried.
+    pub(crate) trace_width: usize,
+    /// F1 points by which a larger head must beat the head kept so far on dev to be kept.
+    pub(crate) margin: f64,
+    /// The step head to keep whatever dev says; `None`: dev decides.
+    pub(crate) force: Option<Force>,
+}
+
+/// A step head kind named on the command line (`--head`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Force {
+    Logistic,
+    Mlp,
+    Trace,
 }
 
 /// Everything decided, with what it was decided on.
@@ -32,9 +44,10 @@ pub(crate) struct Outcome {
     /// A logistic head per candidate tap, in the order given.
     pub(crate) taps: Vec<(Tap, StepFit)>,
     pub(crate) winner: usize,
-    /// The MLP tried on the winning tap.
-    pub(crate) mlp: Option<StepFit>,
-    pub(crate) use_mlp: bool,
+    /// The larger heads tried on the winning tap, in order: the MLP, the trace probe.
+    pub(crate) larger: Vec<StepFit>,
+    /// The head kept: `None` the winning tap's logistic head, `Some(i)` `larger[i]`.
+    pub(crate) kept: Option<usize>,
     /// Dev's threshold curve for the kept head, and its best point.
     pub(crate) curve: Curve,
     pub(crate) threshold: ThresholdChoice,
@@ -48,10 +61,14 @@ pub(crate) struct Outcome {
 impl Outcome {
     /// The step head kept.
     pub(crate) fn step(&self) -> &StepFit {
-        match (&self.mlp, self.use_mlp) {
-            (Some(m), true) => m,
-            _ => &self.taps[self.winner].1,
+        match self.kept {
+            Some(i) => &self.larger[i],
+            None => &self.taps[self.winner].1,
         }
+    }
+
+    pub(crate) fn kind(&self) -> HeadKind {
+        self.step().fitted.head.kind
     }
 
     pub(crate) fn tap(&self) -> &Tap {
@@ -78,6 +95,15 @@ fn best_of(f1: impl Iterator<Item = f64>) -> usize {
     best.map_or(0, |(i, _)| i)
 }
 
+/// A step head kind as the report and the progress bars name it.
+pub(crate) fn kind_name(kind: HeadKind) -> String {
+    match kind {
+        HeadKind::Logistic => "logistic".into(),
+        HeadKind::Mlp { hidden } => format!("mlp {hidden}"),
+        HeadKind::Trace { width } => format!("trace probe {width}"),
+    }
+}
+
 /// Trains and decides; `progress` shows a bar per head.
 pub(crate) fn decide(
     p: &Problem,
@@ -94,23 +120,43 @@ pub(crate) fn decide(
     }
     let winner = best_of(taps.iter().map(|(_, f)| f.dev_f1));
     let f = &candidates[winner].rows;
-    let mlp = match s.mlp_hidden {
-        0 => None,
-        hidden => {
-            let what = format!("mlp {hidden}, tap {}", taps[winner].0.name);
-            let bar = progress.training(&what, epochs);
-            let kind = HeadKind::Mlp { hidden };
-            Some(fit_step(p, f, kind, &s.params, |e| bar.epoch(e))?)
+    let mut larger = Vec::new();
+    let tries = |force: Force| s.force.is_none() || s.force == Some(force);
+    let mut kinds = Vec::new();
+    if s.mlp_hidden > 0 && tries(Force::Mlp) {
+        kinds.push(HeadKind::Mlp {
+            hidden: s.mlp_hidden,
+        });
+    }
+    if s.trace_width > 0 && tries(Force::Trace) {
+        kinds.push(HeadKind::Trace {
+            width: s.trace_width,
+        });
+    }
+    for kind in kinds {
+        let what = format!("{}, tap {}", kind_name(kind), taps[winner].0.name);
+        let bar = progress.training(&what, epochs);
+        larger.push(fit_step(p, f, kind, &s.params, |e| bar.epoch(e))?);
+    }
+    let kept = match s.force {
+        Some(Force::Logistic) => None,
+        Some(_) => (!larger.is_empty()).then_some(0),
+        None => {
+            let mut kept: Option<usize> = None;
+            let mut best = taps[winner].1.dev_f1;
+            for (i, l) in larger.iter().enumerate() {
+                if l.dev_f1 > best + s.margin {
+                    (kept, best) = (Some(i), l.dev_f1);
+                }
+            }
+            kept
         }
     };
-    let use_mlp = mlp
-        .as_ref()
-        .is_some_and(|m| m.dev_f1 > taps[winner].1.dev_f1 + s.mlp_margin);
     let mut out = Outcome {
         taps,
         winner,
-        mlp,
-        use_mlp,
+        larger,
+        kept,
         curve: sweep(&[]),
         threshold: sweep(&[]).best(),
         probs: Vec::new(),

@@ -2,10 +2,11 @@
 //! the features (cached), train and decide on dev, write the head folder.
 
 use super::cache::FeatureCache;
-use super::choose::{Candidate, Outcome, Settings, decide};
+use super::choose::{Candidate, Force, Outcome, Settings, decide};
 use super::data::{self, DataFile, Dataset};
 use super::extract::{Base, Extraction, features, load_base};
 use super::fit::Params;
+use super::head::HeadKind as Kind;
 use super::output::{Content, check_out, write_folder};
 use super::progress::Progress;
 use super::select::{CATEGORIES, Problem, TraceRows};
@@ -78,9 +79,17 @@ pub struct TrainOptions {
     /// Hidden width of the MLP tried against the logistic head; 0 tries none.
     #[arg(long, default_value_t = 64)]
     pub mlp_hidden: usize,
-    /// Dev F1 points by which the MLP must beat the logistic head to be kept.
-    #[arg(long, default_value_t = 1.0)]
-    pub mlp_margin: f64,
+    /// Width of the trace probe tried against the heads that read each step alone: a GRU over
+    /// the trace's steps in order, so a step's score reads the steps before it; 0 tries none.
+    #[arg(long, default_value_t = 32)]
+    pub trace_width: usize,
+    /// Dev F1 points by which a larger head (the MLP, then the trace probe) must beat the head
+    /// kept so far to be kept.
+    #[arg(long, alias = "mlp-margin", default_value_t = 1.0)]
+    pub head_margin: f64,
+    /// The step head to keep whatever dev says: logistic, mlp or trace; auto lets dev decide.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "logistic", "mlp", "trace"])]
+    pub head: String,
     /// Where the base runs: cpu, cuda, cuda:N [default: cpu].
     #[arg(long)]
     pub device: Option<DeviceSpec>,
@@ -146,9 +155,19 @@ impl TrainOptions {
         if self.max_train == Some(0) {
             return usage("--max-train must be at least 1");
         }
-        if !not_negative(self.mlp_margin) {
-            return usage("--mlp-margin must not be negative");
+        if !not_negative(self.head_margin) {
+            return usage("--head-margin must not be negative");
         }
+        let force = match self.head.as_str() {
+            "logistic" => Some(Force::Logistic),
+            "mlp" if self.mlp_hidden == 0 => return usage("--head mlp needs --mlp-hidden > 0"),
+            "mlp" => Some(Force::Mlp),
+            "trace" if self.trace_width == 0 => {
+                return usage("--head trace needs --trace-width > 0");
+            }
+            "trace" => Some(Force::Trace),
+            _ => None,
+        };
         let params = Params {
             epochs: self.epochs,
             patience: self.patience,
@@ -162,7 +181,9 @@ impl TrainOptions {
             Settings {
                 params,
                 mlp_hidden: self.mlp_hidden,
-                mlp_margin: self.mlp_margin,
+                trace_width: self.trace_width,
+                margin: self.head_margin,
+                force,
             },
         ))
     }
@@ -344,6 +365,11 @@ fn head_config(
     label_counts: data::LabelCounts,
 ) -> HeadConfig {
     let tap: &Tap = out.tap();
+    let (head, mlp_hidden, trace_width) = match out.kind() {
+        Kind::Logistic => (HeadKind::Logistic, None, None),
+        Kind::Mlp { hidden } => (HeadKind::Mlp, Some(hidden), None),
+        Kind::Trace { width } => (HeadKind::Trace, None, Some(width)),
+    };
     HeadConfig {
         retrace_head: HEAD_VERSION,
         base: base.path.display().to_string(),
@@ -352,12 +378,9 @@ fn head_config(
         format: base.format,
         layers: tap.layers.clone(),
         hidden_size: base.extractor.hidden_size(),
-        head: if out.use_mlp {
-            HeadKind::Mlp
-        } else {
-            HeadKind::Logistic
-        },
-        mlp_hidden: out.use_mlp.then_some(opts.mlp_hidden),
+        head,
+        mlp_hidden,
+        trace_width,
         threshold: out.threshold.threshold,
         categories: out.category.as_ref().map(|_| CATEGORIES.to_vec()),
         label_counts: Some(label_counts),

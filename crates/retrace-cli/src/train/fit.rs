@@ -196,11 +196,11 @@ fn one_epoch(
     let (mut total, mut batches) = (0.0, 0usize);
     for chunk in order.chunks(batch_size.max(1)) {
         let pick = |v: &dyn Fn(usize) -> u32| chunk.iter().map(|&i| v(i)).collect::<Vec<u32>>();
-        let rows = Tensor::new(pick(&|i| ex.rows[i]), device)?;
+        let rows = pick(&|i| ex.rows[i]);
         let targets = Tensor::new(pick(&|i| ex.targets[i]), device)?;
         let weights: Vec<f32> = chunk.iter().map(|&i| ex.weights[i]).collect();
         let weights = Tensor::new(weights, device)?;
-        let logits = head.logits(&x.index_select(&rows, 0)?)?;
+        let logits = head.logits_at(x, &rows)?;
         let l = loss(kind, &logits, &targets, &weights)?;
         opt.backward_step(&l)?;
         total += f64::from(l.to_scalar::<f32>()?);

@@ -1,11 +1,13 @@
 //! The heads a trained PRM reads, as candle variables: the feature standardiser, the step head
-//! (logistic, or a one-hidden-layer MLP) and the category head, under the tensor names of the
-//! head folder's `head.safetensors`.
+//! (logistic, a one-hidden-layer MLP, or a trace probe over the steps in order) and the
+//! category head, under the tensor names of the head folder's `head.safetensors`.
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use retrace_model::TraceProbe;
 use retrace_model::head_tensors::{self as names, bias, weight};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Features are standardised before any head: x = (f - mean) / scale.
 #[derive(Debug, Clone)]
@@ -18,7 +20,13 @@ pub(crate) struct Standardiser {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HeadKind {
     Logistic,
-    Mlp { hidden: usize },
+    Mlp {
+        hidden: usize,
+    },
+    /// `TraceProbe`, `width` wide.
+    Trace {
+        width: usize,
+    },
 }
 
 /// A head's weights: each a variable the optimiser moves, under its file name.
@@ -27,6 +35,9 @@ pub(crate) struct Head {
     pub(crate) kind: HeadKind,
     /// (name in head.safetensors, variable), in a fixed order.
     pub(crate) params: Vec<(String, Var)>,
+    /// A trace probe's traces, (first row, steps) in row order, tiling the feature rows: what
+    /// it reads in order. Empty for a head that reads each row alone.
+    traces: Arc<[(usize, usize)]>,
 }
 
 impl Standardiser {
@@ -64,10 +75,28 @@ fn zeros(n: usize, device: &Device) -> Result<Var> {
     Var::zeros(n, DType::F32, device)
 }
 
+/// A linear layer's weight, uniform in +-1/sqrt(fan_in) from `rng`, and its bias at zero.
+fn layer(
+    rng: &mut StdRng,
+    name: &str,
+    (rows, cols): (usize, usize),
+    device: &Device,
+) -> Result<[(String, Var); 2]> {
+    let w = uniform(rng, (rows, cols), 1.0 / (cols as f32).sqrt(), device)?;
+    Ok([(weight(name), w), (bias(name), zeros(rows, device)?)])
+}
+
 impl Head {
     /// A step head on `h` features: logistic weights start at zero (the loss is convex); an
-    /// MLP's start uniform in +-1/sqrt(fan_in) from `seed`, so a run repeats exactly.
-    pub(crate) fn step(kind: HeadKind, h: usize, seed: u64, device: &Device) -> Result<Head> {
+    /// MLP's and a trace probe's start uniform in +-1/sqrt(fan_in) from `seed`, so a run
+    /// repeats exactly. `traces` tiles the feature rows by trace (a trace probe reads them).
+    pub(crate) fn step(
+        kind: HeadKind,
+        h: usize,
+        seed: u64,
+        device: &Device,
+        traces: &[(usize, usize)],
+    ) -> Result<Head> {
         let params = match kind {
             HeadKind::Logistic => vec![
                 (weight(names::STEP), Var::zeros((1, h), DType::F32, device)?),
@@ -90,8 +119,25 @@ impl Head {
                     (bias(names::STEP_OUT), zeros(1, device)?),
                 ]
             }
+            HeadKind::Trace { width: d } => {
+                let mut rng = StdRng::seed_from_u64(seed);
+                let mut params = Vec::with_capacity(8);
+                params.extend(layer(&mut rng, names::TRACE_INPUT, (d, h), device)?);
+                params.extend(layer(&mut rng, names::TRACE_GRU_IH, (3 * d, d), device)?);
+                params.extend(layer(&mut rng, names::TRACE_GRU_HH, (3 * d, d), device)?);
+                params.extend(layer(&mut rng, names::TRACE_OUT, (1, 2 * d), device)?);
+                params
+            }
         };
-        Ok(Head { kind, params })
+        let traces = match kind {
+            HeadKind::Trace { .. } => traces.into(),
+            _ => Arc::from([]),
+        };
+        Ok(Head {
+            kind,
+            params,
+            traces,
+        })
     }
 
     /// A softmax head over `classes` on `h` features, starting at zero.
@@ -105,6 +151,7 @@ impl Head {
                 ),
                 (bias(names::CATEGORY), zeros(classes, device)?),
             ],
+            traces: Arc::from([]),
         })
     }
 
@@ -112,7 +159,8 @@ impl Head {
         self.params[i].1.as_tensor()
     }
 
-    /// Logits for standardised rows `x` (N, H): (N, out), out = 1 for a step head.
+    /// Logits for standardised rows `x` (N, H): (N, out), out = 1 for a step head. A trace
+    /// probe's `x` is every feature row, the rows its traces tile.
     pub(crate) fn logits(&self, x: &Tensor) -> Result<Tensor> {
         let linear = |x: &Tensor, w: &Tensor, b: &Tensor| x.matmul(&w.t()?)?.broadcast_add(b);
         match self.kind {
@@ -121,6 +169,52 @@ impl Head {
                 let hidden = linear(x, self.p(0), self.p(1))?.relu()?;
                 linear(&hidden, self.p(2), self.p(3))
             }
+            HeadKind::Trace { .. } => self.probe().logits(x, &self.traces),
+        }
+    }
+
+    /// The logits of rows `rows` of every feature row `x`, in that order: a trace probe runs
+    /// the traces that hold them, whole up to their last step.
+    pub(crate) fn logits_at(&self, x: &Tensor, rows: &[u32]) -> Result<Tensor> {
+        if !matches!(self.kind, HeadKind::Trace { .. }) {
+            return self.logits(&x.index_select(&Tensor::new(rows, x.device())?, 0)?);
+        }
+        // Each row's trace, the traces in order of first appearance, and each one's offset in
+        // the probe's output.
+        let trace_of = |r: usize| self.traces.partition_point(|&(s, _)| s <= r) - 1;
+        let (mut spans, mut offset) = (Vec::new(), HashMap::new());
+        let mut total = 0;
+        for &r in rows {
+            let j = trace_of(r as usize);
+            offset.entry(j).or_insert_with(|| {
+                spans.push(self.traces[j]);
+                total += self.traces[j].1;
+                total - self.traces[j].1
+            });
+        }
+        let at: Vec<u32> = rows
+            .iter()
+            .map(|&r| {
+                let j = trace_of(r as usize);
+                (offset[&j] + r as usize - self.traces[j].0) as u32
+            })
+            .collect();
+        let logits = self.probe().logits(x, &spans)?;
+        logits.index_select(&Tensor::new(at.as_slice(), x.device())?, 0)
+    }
+
+    /// A trace probe's weights, in `Head::step`'s order.
+    fn probe(&self) -> TraceProbe {
+        let p = |i: usize| self.p(i).clone();
+        TraceProbe {
+            input_w: p(0),
+            input_b: p(1),
+            gru_ih_w: p(2),
+            gru_ih_b: p(3),
+            gru_hh_w: p(4),
+            gru_hh_b: p(5),
+            out_w: p(6),
+            out_b: p(7),
         }
     }
 
@@ -144,6 +238,7 @@ impl Head {
         Ok(Head {
             kind: self.kind,
             params,
+            traces: self.traces.clone(),
         })
     }
 
@@ -173,9 +268,9 @@ mod tests {
     #[test]
     fn mlp_init_is_seeded_and_shaped() {
         let kind = HeadKind::Mlp { hidden: 3 };
-        let a = Head::step(kind, 4, 1, &Device::Cpu).unwrap();
-        let b = Head::step(kind, 4, 1, &Device::Cpu).unwrap();
-        let c = Head::step(kind, 4, 2, &Device::Cpu).unwrap();
+        let a = Head::step(kind, 4, 1, &Device::Cpu, &[]).unwrap();
+        let b = Head::step(kind, 4, 1, &Device::Cpu, &[]).unwrap();
+        let c = Head::step(kind, 4, 2, &Device::Cpu, &[]).unwrap();
         let w = |h: &Head| h.p(0).flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(w(&a), w(&b));
         assert_ne!(w(&a), w(&c));

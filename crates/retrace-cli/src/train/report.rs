@@ -2,7 +2,7 @@
 //! candidate tap and head kind scored on dev, F1 over the epochs, the threshold curve, and
 //! dev's ProcessBench metric and category confusion at the chosen threshold.
 
-use super::choose::Outcome;
+use super::choose::{Outcome, kind_name};
 use super::fit::Epoch;
 use crate::common::Analysis;
 use crate::common::style::{
@@ -117,20 +117,21 @@ fn head_section(out: &Outcome) -> Section {
     let mut rows = vec![vec![
         "logistic".into(),
         f1(logistic),
-        (!out.use_mlp).to_string(),
+        out.kept.is_none().to_string(),
     ]];
-    match &out.mlp {
-        Some(m) => {
-            s.text.push(format!(
-                "An MLP on tap {} is kept only when its dev F1 beats the logistic head's by \
-                 the margin; it {}.",
-                out.tap().name,
-                if out.use_mlp { "did" } else { "did not" }
-            ));
-            rows.push(vec!["mlp".into(), f1(m.dev_f1), out.use_mlp.to_string()]);
-        }
-        None => s.text.push("No MLP was tried (--mlp-hidden 0).".into()),
+    for (i, l) in out.larger.iter().enumerate() {
+        let name = kind_name(l.fitted.head.kind);
+        rows.push(vec![name, f1(l.dev_f1), (out.kept == Some(i)).to_string()]);
     }
+    s.text.push(match out.larger.len() {
+        0 => "No larger head was tried (--mlp-hidden 0 and --trace-width 0, or --head).".into(),
+        _ => format!(
+            "Larger heads on tap {} (the MLP reads each step alone, the trace probe the steps \
+             before it too) are each kept only when their dev F1 beats the head kept so far by \
+             the margin, unless --head names one.",
+            out.tap().name
+        ),
+    });
     s.tables.push(table(&["head", "dev F1", "kept"], rows));
     s
 }

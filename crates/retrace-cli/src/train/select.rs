@@ -1,6 +1,5 @@
-//! What dev decides: a logistic step head per candidate tap (the best tap wins), an MLP on the
-//! winning tap (kept only when it beats the logistic head by the margin), the threshold (the
-//! exact F1-maximising one, `calibrate`'s sweep), and the category head.
+//! How each head is fitted and scored on dev: a step head of any kind on a tap's features, the
+//! threshold (the exact F1-maximising one, `calibrate`'s sweep), and the category head.
 
 use super::data::{self, Target};
 use super::fit::{self, Data, Epoch, Examples, Fitted, Loss, Params};
@@ -112,7 +111,8 @@ pub(crate) fn fit_step(
     progress: impl FnMut(&Epoch),
 ) -> Result<StepFit> {
     let (norm, x) = standardise(p, f)?;
-    let head = Head::step(kind, f.dim(1)?, params.seed, f.device())?;
+    let traces: Vec<(usize, usize)> = p.traces.iter().map(|t| (t.start, t.len)).collect();
+    let head = Head::step(kind, f.dim(1)?, params.seed, f.device(), &traces)?;
     let evaluate = |logits: &Tensor| -> Result<(f64, f64)> {
         let probs = candle_nn::ops::sigmoid(logits)?
             .flatten_all()?

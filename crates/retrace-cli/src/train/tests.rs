@@ -39,6 +39,9 @@ enum Marker {
     /// Shifted by +6 or -6 along u at random: the mean does not move, so only a nonlinear head
     /// can find them.
     TwoSided,
+    /// Not the wrong step but the one before it is shifted by 6 along u (every error comes
+    /// after the first step): only a head that reads the steps before can find them.
+    Before,
 }
 
 /// Synthetic data: each step's feature is D (z + 6 u [wrong]) + c, z standard normal, D and c
@@ -62,10 +65,11 @@ fn synthetic(n_traces: usize, seed: u64, marker: Marker, with_categories: bool) 
     let (mut traces, mut rows) = (Vec::new(), Vec::<f32>::new());
     for i in 0..n_traces {
         let len = rng.random_range(2..8usize);
+        let first = usize::from(marker == Marker::Before);
         let label = if rng.random_bool(0.4) {
             -1
         } else {
-            rng.random_range(0..len) as i32
+            rng.random_range(first..len) as i32
         };
         let cat = rng.random_range(0..3usize);
         let category = with_categories.then(|| match label {
@@ -73,7 +77,10 @@ fn synthetic(n_traces: usize, seed: u64, marker: Marker, with_categories: bool) 
             _ => CATEGORIES[cat + 1],
         });
         for k in 0..len as i32 {
-            let wrong = label >= 0 && k >= label;
+            let wrong = match marker {
+                Marker::Before => label >= 0 && k + 1 == label,
+                _ => label >= 0 && k >= label,
+            };
             let sign = match marker {
                 Marker::TwoSided if rng.random_bool(0.5) => -6.0,
                 _ => 6.0,
@@ -194,7 +201,9 @@ fn settings() -> Settings {
     Settings {
         params: params(),
         mlp_hidden: 16,
-        mlp_margin: 1.0,
+        trace_width: 0,
+        margin: 1.0,
+        force: None,
     }
 }
 
@@ -216,9 +225,9 @@ fn dev_picks_the_tap_and_keeps_the_logistic_head_on_linear_data() {
         out.taps[0].1.dev_f1
     );
     assert!(
-        !out.use_mlp,
+        out.kept.is_none(),
         "mlp {} logistic {}",
-        out.mlp.as_ref().unwrap().dev_f1,
+        out.larger[0].dev_f1,
         out.taps[1].1.dev_f1
     );
     assert!(out.threshold.f1 >= 95.0, "{}", out.threshold.f1);
@@ -246,8 +255,49 @@ fn an_mlp_is_kept_where_only_it_can_separate() {
     };
     let shown = Progress { shown: false };
     let out = decide(&p, &candidates(&s)[1..], &settings(), &shown).unwrap();
-    let mlp = out.mlp.as_ref().unwrap().dev_f1;
-    assert!(out.use_mlp, "mlp {mlp} logistic {}", out.taps[0].1.dev_f1);
+    let mlp = out.larger[0].dev_f1;
+    assert_eq!(
+        out.kept,
+        Some(0),
+        "mlp {mlp} logistic {}",
+        out.taps[0].1.dev_f1
+    );
     assert!(mlp >= 90.0, "{mlp}");
     assert!(out.category.is_none());
+}
+
+#[test]
+fn a_trace_probe_is_kept_where_only_the_steps_before_tell() {
+    let s = synthetic(1200, 41, Marker::Before, false);
+    let (train, dev) = split(s.traces.len());
+    let p = Problem {
+        traces: &s.traces,
+        train: &train,
+        dev: &dev,
+    };
+    let shown = Progress { shown: false };
+    let settings = Settings {
+        trace_width: 8,
+        ..settings()
+    };
+    let out = decide(&p, &candidates(&s)[1..], &settings, &shown).unwrap();
+    let f1: Vec<f64> = out.larger.iter().map(|l| l.dev_f1).collect();
+    let logistic = out.taps[0].1.dev_f1;
+    assert_eq!(
+        out.kept,
+        Some(1),
+        "logistic {logistic}, mlp and trace {f1:?}"
+    );
+    assert_eq!(out.kind(), HeadKind::Trace { width: 8 });
+    assert!(
+        f1[1] >= 90.0 && logistic < 60.0 && f1[0] < 60.0,
+        "logistic {logistic}, {f1:?}"
+    );
+    // Forced, the logistic head is kept whatever dev says.
+    let forced = Settings {
+        force: Some(super::choose::Force::Logistic),
+        ..settings
+    };
+    let out = decide(&p, &candidates(&s)[1..], &forced, &shown).unwrap();
+    assert_eq!((out.kept, out.kind()), (None, HeadKind::Logistic));
 }
