@@ -76,7 +76,9 @@ mod upstream;
 pub use api::{TraceParts, category_from_pb, pb, to_status};
 pub use cascade::CascadeConfig;
 pub use composite::CompositeConfig;
-pub use config::{Config, ConfigError, EvaluatorConfig, KindConfig, ServerConfig, ServerFlags};
+pub use config::{
+    Config, ConfigError, EvaluatorConfig, KindConfig, ServerConfig, ServerFlags, install_head,
+};
 pub use engine::{
     Description, Engine, EngineError, Evaluator, EvaluatorLoadError, Job, Limit, LoadFailure,
     NotLoaded, Origin, Reloaded, Request,

@@ -6,12 +6,14 @@
 //! struct, a line in its `check` if a type can't express the rule, and a line in
 //! docs/configuration.md.
 
+mod embedded;
 mod evaluator;
 mod flags;
 mod overrides;
 mod reward;
 mod rules;
 
+pub use embedded::install_head;
 pub use evaluator::EvaluatorConfig;
 pub use evaluator::KindConfig;
 pub use flags::ServerFlags;
@@ -21,7 +23,6 @@ pub(crate) use reward::{
 
 use crate::engine::{Admission, SlotSpec};
 pub(crate) use crate::env::{Env, Secret};
-use crate::prm::format::Family;
 use overrides::apply_override;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -32,12 +33,6 @@ use std::path::{Path, PathBuf};
 pub(crate) const MAX_CAPACITY: usize = 1 << 20;
 /// Longest shutdown grace period, one hour.
 pub(crate) const MAX_GRACE_S: f64 = crate::rule::MAX_SECONDS;
-
-/// The embedded default: SmolLM2-135M-Instruct as a zero-shot chat-lm PRM, from the cache folder.
-const EMBEDDED_NAME: &str = "smollm2";
-/// Where scripts/fetch-smollm2.sh puts the default's checkpoint, under the cache folder: served
-/// quantized as it is, its tokenizer rebuilt from the file.
-const EMBEDDED_GGUF: &str = "gguf/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -204,24 +199,12 @@ impl Config {
         Ok(config)
     }
 
-    /// The embedded default: SmolLM2-135M-Instruct as the zero-shot `chat-lm` PRM `smollm2`,
-    /// from the cache folder wherever flags or `--set` put it.
+    /// The embedded default: SmolLM2-135M-Instruct's GGUF as a head trained on it,
+    /// `smollm2-head` (the default), and as the zero-shot `chat-lm` PRM `smollm2`, from the
+    /// cache folder wherever flags or `--set` put it. `install_head` writes the head there.
     pub fn embedded(sets: &[String], flags: &ServerFlags) -> Result<Config, ConfigError> {
-        let text = format!(
-            "[[evaluator]]\nname = \"{EMBEDDED_NAME}\"\nkind = \"prm\"\nfamily = \"{}\"\n\
-             model = \"{EMBEDDED_NAME}\"\n",
-            Family::ChatLm.as_str()
-        );
-        let mut config = Config::parse_with(&text, "embedded default", sets, flags)?;
-        let folder = config.server.cache_dir.join(EMBEDDED_GGUF);
-        for e in &mut config.evaluators {
-            if let KindConfig::Prm(p) = &mut e.kind
-                && e.name == EMBEDDED_NAME
-                && p.model == EMBEDDED_NAME
-            {
-                p.model = folder.display().to_string();
-            }
-        }
+        let mut config = Config::parse_with(&embedded::text(), "embedded default", sets, flags)?;
+        embedded::place(&mut config);
         Ok(config)
     }
 

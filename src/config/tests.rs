@@ -1,5 +1,6 @@
 //! Unit tests for config parsing, overrides and validation.
 use super::*;
+use crate::prm::format::{Family, PrmKind};
 use crate::prm::{Backend, DeviceSpec, Dtype};
 
 const EXAMPLE: &str = r#"
@@ -464,16 +465,55 @@ fn the_embedded_default_serves_smollm2_from_the_cache_folder() {
         ..ServerFlags::default()
     };
     let c = Config::embedded(&[], &flags).unwrap();
-    assert_eq!(c.evaluators.len(), 1);
-    let KindConfig::Prm(p) = &c.evaluators[0].kind else {
+    let prm = |i: usize| match &c.evaluators[i].kind {
+        KindConfig::Prm(p) => (c.evaluators[i].name.as_str(), p.family, p.model.as_str()),
+        _ => panic!("a prm table"),
+    };
+    assert_eq!(c.evaluators.len(), 2);
+    // The trained head first, so it is the default; zero-shot chat-lm beside it.
+    assert_eq!(
+        prm(0),
+        ("smollm2-head", PrmKind::Head, "/models/cache/heads/smollm2")
+    );
+    assert_eq!(
+        prm(1),
+        (
+            "smollm2",
+            Family::ChatLm.into(),
+            "/models/cache/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
+        )
+    );
+    // A model --set names stays.
+    let set = ["evaluator.smollm2.model=/elsewhere".to_string()];
+    let c = Config::embedded(&set, &flags).unwrap();
+    let KindConfig::Prm(p) = &c.evaluators[1].kind else {
         panic!("a prm table")
     };
-    assert_eq!(c.evaluators[0].name, "smollm2");
-    assert_eq!(p.family, Family::ChatLm.into());
-    assert_eq!(
-        p.model,
-        "/models/cache/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert_eq!(p.model, "/elsewhere");
+}
+
+#[test]
+fn the_embedded_head_is_written_once_and_mended_when_changed() {
+    let dir = std::env::temp_dir().join(format!("retrace-embedded-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let head = super::install_head(&dir).unwrap();
+    assert_eq!(head, dir.join("heads/smollm2"));
+    let config = head.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        text.contains("../../gguf/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "{text}"
     );
+    std::fs::write(&config, "{}").unwrap();
+    super::install_head(&dir).unwrap();
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), text);
+    let mut names: Vec<_> = std::fs::read_dir(&head)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["config.json", "head.safetensors"]);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -102,12 +102,11 @@ async fn the_gguf_default_scores_as_llama_server_does_on_the_same_file() {
         .await
         .unwrap()
         .into_inner();
+    let chat = list.evaluators.iter().find(|e| e.name == "smollm2");
     assert!(
-        list.evaluators[0]
-            .model
-            .ends_with("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        chat.is_some_and(|e| e.model.ends_with("SmolLM2-135M-Instruct.Q4_1.gguf")),
         "{:?}",
-        list.evaluators[0]
+        list.evaluators
     );
     let (_llama, port) = llama_server(&["-c", "4096", "-np", "1", "-t", "2", "--jinja"]).await;
     let sample: Vec<Bench> = traces("gsm8k").into_iter().take(10).collect();
@@ -115,7 +114,7 @@ async fn the_gguf_default_scores_as_llama_server_does_on_the_same_file() {
     for b in &sample {
         let steps: Vec<&str> = b.steps.iter().map(String::as_str).collect();
         let r = c
-            .evaluate(request(&b.id, "", steps_trace(&b.problem, &steps)))
+            .evaluate(request(&b.id, "smollm2", steps_trace(&b.problem, &steps)))
             .await
             .unwrap()
             .into_inner();
@@ -159,6 +158,71 @@ async fn the_gguf_default_scores_as_llama_server_does_on_the_same_file() {
     assert!(
         same_first + 1 >= compared,
         "first errors agree on {same_first} of {compared}"
+    );
+    drop(server);
+}
+
+#[derive(Deserialize)]
+struct Known {
+    threshold: f32,
+    traces: Vec<KnownTrace>,
+}
+
+#[derive(Deserialize)]
+struct KnownTrace {
+    id: String,
+    question: String,
+    steps: Vec<String>,
+    step_scores: Vec<f64>,
+    first_error: i32,
+}
+
+/// A fresh clone's default evaluator is the trained head: on held-out traces it gives the
+/// verdicts training computed for them (tests/fixtures/default-head, written by
+/// scripts/bench/default-head.sh with the head).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_is_the_trained_head_and_gives_the_verdicts_training_computed() {
+    let path = format!("{}/tests/fixtures/default-head/known.json", common::REPO);
+    let known: Known = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let (server, channel, _) = spawn_retrace(&[], &[]).await;
+    let mut c = pb::evaluator_client::EvaluatorClient::new(channel);
+    let list = c
+        .list_evaluators(pb::ListEvaluatorsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let default = list.evaluators.iter().find(|e| e.is_default).unwrap();
+    assert_eq!(
+        (default.name.as_str(), default.family.as_str()),
+        ("smollm2-head", "head")
+    );
+    let (mut worst, mut flagged) = (0.0f64, 0);
+    for k in &known.traces {
+        let steps: Vec<&str> = k.steps.iter().map(String::as_str).collect();
+        let r = c
+            .evaluate(request(&k.id, "", steps_trace(&k.question, &steps)))
+            .await
+            .unwrap()
+            .into_inner();
+        let got: Vec<f64> = r.steps.iter().map(|s| f64::from(s.score)).collect();
+        assert_eq!(got.len(), k.step_scores.len(), "{}", k.id);
+        worst = worst.max(max_gap(&got, &k.step_scores));
+        // A score within rounding of the threshold may fall either side on another CPU.
+        let near = k
+            .step_scores
+            .iter()
+            .any(|s| (s - f64::from(known.threshold)).abs() < 1e-4);
+        if !near {
+            assert_eq!(r.first_error_index, k.first_error, "{}", k.id);
+        }
+        flagged += usize::from(k.first_error >= 0);
+    }
+    // Training ran the same file through the same kernels; another CPU's SIMD path rounds a
+    // little differently.
+    assert!(worst < 1e-4, "served against training's scores: {worst}");
+    assert!(
+        flagged > 0 && flagged < known.traces.len(),
+        "{flagged} flagged"
     );
     drop(server);
 }

@@ -51,10 +51,18 @@ async fn embedded_default_serves_smollm2_end_to_end() {
         .await
         .unwrap()
         .into_inner();
-    let e = &list.evaluators[0];
+    let shown: Vec<_> = list
+        .evaluators
+        .iter()
+        .map(|e| (e.name.as_str(), e.family.as_str(), e.ready, e.is_default))
+        .collect();
+    // The head trained on the GGUF is the default; chat-lm is served beside it.
     assert_eq!(
-        (e.name.as_str(), e.family.as_str(), e.ready, e.is_default),
-        ("smollm2", "chat-lm", true, true)
+        shown,
+        [
+            ("smollm2-head", "head", true, true),
+            ("smollm2", "chat-lm", true, false)
+        ]
     );
 
     // Scores match the float64 numpy reference on the same weights.
@@ -72,7 +80,7 @@ async fn embedded_default_serves_smollm2_end_to_end() {
             ..Default::default()
         };
         let r = c
-            .evaluate(request(&case.id, "", trace))
+            .evaluate(request(&case.id, "smollm2", trace))
             .await
             .unwrap()
             .into_inner();

@@ -98,7 +98,17 @@ impl ServeArgs {
     fn load(&self) -> anyhow::Result<Config> {
         Ok(match &self.config {
             Some(path) => Config::load_with(path, &self.set, &self.server)?,
-            None => Config::embedded(&self.set, &self.server)?,
+            None => {
+                let config = Config::embedded(&self.set, &self.server)?;
+                let cache = &config.server.cache_dir;
+                retrace::install_head(cache).with_context(|| {
+                    format!(
+                        "writing the embedded default's head into {}",
+                        cache.display()
+                    )
+                })?;
+                config
+            }
         })
     }
 }
