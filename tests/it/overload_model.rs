@@ -46,11 +46,12 @@ fn traces() -> Vec<Sample> {
 }
 
 /// Request `i` of `sample`, its question opened by `i` so that no two requests share more than
-/// the chat template's opening: the prefix cache saves a request nothing another computed.
+/// the chat template's opening: the prefix cache saves a request nothing another computed. It
+/// names the chat-lm evaluator: the embedded default's default is its trained head.
 fn request_of(i: usize, question: &str, steps: &[&str]) -> pb::EvaluateRequest {
     request(
         &format!("r{i}"),
-        "",
+        "smollm2",
         steps_trace(&format!("({i}) {question}"), steps),
     )
 }
