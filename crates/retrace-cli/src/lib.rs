@@ -35,4 +35,4 @@ pub use common::{
 pub use eval::{CalibrateOptions, Calibrated, EvalOptions, EvalOutcome, calibrate, eval};
 pub use label::{LabelOptions, LabelOutcome, label};
 pub use score::{ScoreOptions, score};
-pub use train::{Extraction, TrainError, TrainOptions, Trained, train_head};
+pub use train::{Extraction, OwnThreshold, TrainError, TrainOptions, Trained, train_head};

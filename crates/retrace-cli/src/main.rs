@@ -172,6 +172,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 let f1 = test.summary.average.f1;
                 println!("test mean F1 over splits: {}", percent(f1));
+                for o in &t.own {
+                    println!(
+                        "test {}: F1 {:.1} on its other {} traces at threshold {} chosen on its \
+                         first 20",
+                        o.split, o.f1, o.traces, o.threshold
+                    );
+                }
             }
             Ok(())
         }

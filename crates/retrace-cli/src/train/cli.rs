@@ -9,7 +9,7 @@ use super::fit::Params;
 use super::head::HeadKind as Kind;
 use super::output::{Content, check_out, write_folder};
 use super::progress::Progress;
-use super::select::{CATEGORIES, Problem, TraceRows};
+use super::select::{CATEGORIES, OwnThreshold, Problem, TraceRows};
 use super::taps::{self, Tap};
 use super::{TrainError, report};
 use crate::common::{Analysis, Outcome as RowOutcome, Row, first_below};
@@ -128,6 +128,8 @@ pub struct Trained {
     pub train_s: f64,
     /// The kept head on --test, when given.
     pub test: Option<Analysis>,
+    /// Each --test split at a threshold from a few of its own traces.
+    pub own: Vec<OwnThreshold>,
 }
 
 impl TrainOptions {
@@ -335,6 +337,7 @@ pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
         extraction,
         train_s,
         test: (!test_rows.is_empty()).then(|| Analysis::of(&test_rows)),
+        own: problem.own_thresholds(&split.test().collect::<Vec<_>>(), &outcome.probs),
     })
 }
 

@@ -25,6 +25,7 @@ mod tests;
 
 pub use cli::{TrainOptions, Trained, train_head};
 pub use extract::Extraction;
+pub use select::OwnThreshold;
 
 use crate::common::DataError;
 

@@ -94,6 +94,52 @@ impl Problem<'_> {
     }
 }
 
+/// A held-out split scored at a threshold chosen on a few of its own traces: the "label a few
+/// in your domain" path, beside dev's threshold, so calibration and ranking are told apart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnThreshold {
+    pub split: String,
+    /// Chosen on the split's first `OWN_TRACES` traces in file order.
+    pub threshold: f32,
+    /// The split's F1 at it, on its other traces (percent), and how many they are.
+    pub f1: f64,
+    pub traces: usize,
+}
+
+/// How many of its own traces a held-out split's threshold is chosen on.
+pub(crate) const OWN_TRACES: usize = 20;
+
+impl Problem<'_> {
+    /// Each split of `set` with more than `OWN_TRACES` traces, scored by `probs` at the
+    /// threshold its first `OWN_TRACES` traces choose, on the rest; splits in order of first
+    /// appearance.
+    pub(crate) fn own_thresholds(&self, set: &[usize], probs: &[f32]) -> Vec<OwnThreshold> {
+        let mut splits: Vec<(&str, Vec<usize>)> = Vec::new();
+        for &i in set {
+            let name = self.traces[i].split.as_str();
+            match splits.iter_mut().find(|(s, _)| *s == name) {
+                Some((_, v)) => v.push(i),
+                None => splits.push((name, vec![i])),
+            }
+        }
+        splits
+            .into_iter()
+            .filter(|(_, v)| v.len() > OWN_TRACES)
+            .map(|(split, v)| {
+                let (own, rest) = v.split_at(OWN_TRACES);
+                let threshold = sweep(&self.scored(own, probs)).best().threshold;
+                let curve = sweep(&self.scored(rest, probs));
+                OwnThreshold {
+                    split: split.to_string(),
+                    threshold,
+                    f1: curve.mean_f1(curve.point(threshold)),
+                    traces: rest.len(),
+                }
+            })
+            .collect()
+    }
+}
+
 /// The features standardised by the training traces' statistics.
 pub(crate) fn standardise(p: &Problem, f: &Tensor) -> Result<(Standardiser, Tensor)> {
     let rows = Tensor::new(p.rows_of(p.train), f.device())?;

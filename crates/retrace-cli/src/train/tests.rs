@@ -301,3 +301,34 @@ fn a_trace_probe_is_kept_where_only_the_steps_before_tell() {
     let out = decide(&p, &candidates(&s)[1..], &forced, &shown).unwrap();
     assert_eq!((out.kept, out.kind()), (None, HeadKind::Logistic));
 }
+
+#[test]
+fn a_split_calibrated_on_its_own_first_traces_is_scored_on_the_rest() {
+    // Split "a": 30 traces whose wrong steps score 0.6 and correct ones 0.9, so only a
+    // threshold between the two finds the errors; split "b" has too few traces to calibrate on.
+    let (mut traces, mut probs) = (Vec::new(), Vec::new());
+    for i in 0..35 {
+        let label = if i % 2 == 0 { -1 } else { 1 };
+        let start = probs.len();
+        probs.extend([0.9f32, if label == 1 { 0.6 } else { 0.9 }, 0.9]);
+        let split = if i < 30 { "a" } else { "b" };
+        traces.push(TraceRows {
+            split: split.into(),
+            label,
+            category: None,
+            start,
+            len: 3,
+        });
+    }
+    let p = Problem {
+        traces: &traces,
+        train: &[],
+        dev: &[],
+    };
+    let all: Vec<usize> = (0..35).collect();
+    let own = p.own_thresholds(&all, &probs);
+    assert_eq!(own.len(), 1, "{own:?}");
+    let a = &own[0];
+    assert_eq!((a.split.as_str(), a.traces, a.f1), ("a", 10, 100.0));
+    assert!(a.threshold > 0.6 && a.threshold <= 0.9, "{}", a.threshold);
+}
