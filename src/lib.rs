@@ -93,7 +93,9 @@ pub use prm::format::{
     CHAT_LM_INSTRUCTION, Encoded, Family, FormatError, Formatter, LoadError, PrmKind,
     TemplateError, TokenizeError, question_text,
 };
-pub use prm::head::{DataFile as HeadDataFile, HEAD_VERSION, HeadConfig, HeadKind, LabelCounts};
+pub use prm::head::{
+    DataFile as HeadDataFile, HEAD_VERSION, HeadConfig, HeadKind, LabelCounts, Layers as HeadLayers,
+};
 pub use prm::{
     Backend, BatchError, CandleConfig, DeviceSpec, Dtype, Limits, PrmConfig, PrmError,
     PrmEvaluator, PrmLoadError, ScoreError, Scorer, VllmConfig, resolve_model,

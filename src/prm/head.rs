@@ -32,8 +32,8 @@ pub struct HeadConfig {
     /// The family whose formatting and read positions the head uses.
     #[serde(default = "chat_lm")]
     pub format: Family,
-    /// Decoder layers averaged into the feature; `num_hidden_layers` is after the final norm.
-    pub layers: Vec<usize>,
+    /// The decoder layers the feature reads; `num_hidden_layers` is after the final norm.
+    pub layers: Layers,
     pub hidden_size: usize,
     pub head: HeadKind,
     /// Hidden units of an `mlp` head.
@@ -58,6 +58,59 @@ pub struct HeadConfig {
     pub seed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dev_f1: Option<f64>,
+}
+
+/// The layers a feature reads: one group averaged (`[26, 27, 28, 29]` in `config.json`), or
+/// several groups, each averaged and the means concatenated in order (`[[15], [26, 27]]`),
+/// which makes the feature `hidden_size` times the groups wide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layers(pub Vec<Vec<usize>>);
+
+impl Layers {
+    /// One group, averaged.
+    pub fn mean(layers: Vec<usize>) -> Self {
+        Self(vec![layers])
+    }
+}
+
+impl std::fmt::Display for Layers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_slice() {
+            [one] => write!(f, "{one:?}"),
+            groups => write!(f, "{groups:?} concatenated"),
+        }
+    }
+}
+
+/// A flat list for one group, so a one-group head's file reads as it always has.
+impl Serialize for Layers {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.as_slice() {
+            [one] => one.serialize(s),
+            groups => groups.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Layers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Mean(Vec<usize>),
+            Groups(Vec<Vec<usize>>),
+        }
+        Either::deserialize(d)
+            .map(|e| match e {
+                Either::Mean(one) => Layers(vec![one]),
+                Either::Groups(groups) => Layers(groups),
+            })
+            .map_err(|_| {
+                serde::de::Error::custom(
+                    "`layers` is a list of layers ([26, 27]) or of groups of layers ([[15], [26, 27]])",
+                )
+            })
+    }
 }
 
 /// The step head's shape.
@@ -140,7 +193,7 @@ impl HeadConfig {
                 format!("version {v}; this server reads {HEAD_VERSION}"),
             ));
         }
-        if self.layers.is_empty() {
+        if self.layers.0.is_empty() || self.layers.0.iter().any(Vec::is_empty) {
             return Err(("layers", "lists no layer".into()));
         }
         if self.hidden_size == 0 {
@@ -187,7 +240,7 @@ impl HeadConfig {
     pub(crate) fn spec(&self, dir: &Path) -> TrainedSpec {
         TrainedSpec {
             dir: dir.to_path_buf(),
-            layers: self.layers.clone(),
+            groups: self.layers.0.clone(),
             hidden_size: self.hidden_size,
             kind: match self.head {
                 HeadKind::Logistic => TrainedKind::Logistic,

@@ -50,12 +50,30 @@ fn the_contracts_example_parses_and_round_trips() {
     let spec = c.spec(&dir);
     assert_eq!(spec.kind, TrainedKind::Mlp { hidden: 64 });
     assert_eq!(
-        (spec.layers.clone(), spec.categories),
-        (vec![27, 28, 29], 4)
+        (spec.groups.clone(), spec.categories),
+        (vec![vec![27, 28, 29]], 4)
     );
     // What one side writes the other reads back unchanged.
     let again: HeadConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
     assert_eq!(again, c);
+    // Groups of layers, concatenated, read and write as nested lists; one group as a flat one.
+    let mut v = example();
+    v["layers"] = json!([[15], [27, 28]]);
+    write(&dir, &v);
+    let c = HeadConfig::read(&dir).unwrap();
+    assert_eq!(c.spec(&dir).groups, vec![vec![15], vec![27, 28]]);
+    let written = serde_json::to_value(&c).unwrap();
+    assert_eq!(written["layers"], json!([[15], [27, 28]]));
+    let one = serde_json::to_value(
+        HeadConfig::read(&dir)
+            .map(|mut c| {
+                c.layers = Layers::mean(vec![3, 4]);
+                c
+            })
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(one["layers"], json!([3, 4]));
     // format defaults to chat-lm; categories and the trainer's record may be left out.
     let mut v = example();
     for key in [
@@ -84,7 +102,8 @@ fn each_bad_key_is_refused_naming_the_file_and_key() {
         ("format", json!("head"), "family \"head\" is not one of"),
         ("format", json!("nope"), "family \"nope\" is not one of"),
         ("layers", json!([]), "bad `layers`: lists no layer"),
-        ("layers", json!([-1]), "invalid value"),
+        ("layers", json!([-1]), "`layers` is a list of layers"),
+        ("layers", json!([[15], []]), "bad `layers`: lists no layer"),
         ("head", json!("svm"), "unknown variant `svm`"),
         ("mlp_hidden", Value::Null, "bad `mlp_hidden`"),
         (

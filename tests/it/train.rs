@@ -512,9 +512,22 @@ async fn a_served_trace_probe_scores_dev_as_training_did() {
     .await;
 }
 
+/// Two taps' means side by side: the served head concatenates them as training did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_head_on_concatenated_taps_scores_dev_as_training_did() {
+    let config = served_as_trained(
+        &[os("--taps"), os("middle+final"), os("--head"), os("mlp")],
+        "mlp",
+    )
+    .await;
+    // The tiny base has 2 layers: middle is 1, final (after the norm) 2.
+    assert_eq!(config["layers"], serde_json::json!([[1], [2]]));
+}
+
 /// Trains a head on the tiny base with `extra` options, expects its kind to match `kinds`
-/// (alternatives split by `|`), serves it and compares every dev and test trace's scores.
-async fn served_as_trained(extra: &[&std::ffi::OsStr], kinds: &str) {
+/// (alternatives split by `|`), serves it and compares every dev and test trace's scores;
+/// returns the head's config.
+async fn served_as_trained(extra: &[&std::ffi::OsStr], kinds: &str) -> serde_json::Value {
     use crate::common::{max_gap, request, spawn_retrace, step_scores};
     use retrace::pb;
     use retrace_cli::{Row, read_rows};
@@ -607,4 +620,5 @@ async fn served_as_trained(extra: &[&std::ffi::OsStr], kinds: &str) {
         "{errors} of {} flagged",
         rows.len()
     );
+    config
 }

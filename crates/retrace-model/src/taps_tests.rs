@@ -299,13 +299,25 @@ fn a_trained_head_scores_sigmoid_of_its_weights_on_the_averaged_taps() {
     let (rows, pos) = rows_of(&cases);
     let layers = vec![0, 2];
     let states = plain.states(&rows, &pos, &layers).unwrap();
-    for (m, k) in [(None, 0), (Some(8), 4)] {
-        let dir = temp(&format!("head-{k}"));
-        let t = head_tensors(h, m, k);
-        write_head(&dir, &t, &shapes(h, m.unwrap_or(0), k));
+    // Groups as indices into `layers`: one mean, and two means concatenated (2H wide).
+    let mean: &[&[usize]] = &[&[0, 1]];
+    let concat: &[&[usize]] = &[&[1], &[0, 1]];
+    for (groups, m, k) in [
+        (mean, None, 0),
+        (mean, Some(8), 4),
+        (concat, None, 0),
+        (concat, Some(8), 4),
+    ] {
+        let d = h * groups.len();
+        let dir = temp(&format!("head-{k}-{}", groups.len()));
+        let t = head_tensors(d, m, k);
+        write_head(&dir, &t, &shapes(d, m.unwrap_or(0), k));
         let spec = TrainedSpec {
             dir: dir.clone(),
-            layers: layers.clone(),
+            groups: groups
+                .iter()
+                .map(|g| g.iter().map(|&i| layers[i]).collect())
+                .collect(),
             hidden_size: h,
             kind: m.map_or(TrainedKind::Logistic, |hidden| TrainedKind::Mlp { hidden }),
             categories: k,
@@ -325,7 +337,12 @@ fn a_trained_head_scores_sigmoid_of_its_weights_on_the_averaged_taps() {
                     if k > 0 { row.scores.len() } else { 0 }
                 );
                 for (r, p) in row.scores.iter().enumerate() {
-                    let f = average_states(&[st.at(0, r), st.at(1, r)]);
+                    let f: Vec<f32> = groups
+                        .iter()
+                        .flat_map(|g| {
+                            average_states(&g.iter().map(|&l| st.at(l, r)).collect::<Vec<_>>())
+                        })
+                        .collect();
                     let (want, cats) = expected(&t, &f, m, k);
                     d = d.max(max_gap(&[*p], &[want], Gap::Abs));
                     let got = row.categories.get(r).map_or(&[][..], Vec::as_slice);
@@ -333,8 +350,14 @@ fn a_trained_head_scores_sigmoid_of_its_weights_on_the_averaged_taps() {
                 }
             }
         }
-        assert!(d < 1e-5, "head {m:?}: scores differ by {d}");
-        assert!(dc < 1e-5, "head {m:?}: categories differ by {dc}");
+        assert!(
+            d < 1e-5,
+            "head {m:?} groups {groups:?}: scores differ by {d}"
+        );
+        assert!(
+            dc < 1e-5,
+            "head {m:?} groups {groups:?}: categories differ by {dc}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
@@ -352,7 +375,7 @@ fn heads_on_a_shared_base_hold_one_copy_and_score_as_if_each_had_its_own() {
         write_head(&dir, &head_tensors(h, m, k), &shapes(h, m.unwrap_or(0), k));
         let spec = TrainedSpec {
             dir: dir.clone(),
-            layers: vec![1],
+            groups: vec![vec![1]],
             hidden_size: h,
             kind: m.map_or(TrainedKind::Logistic, |hidden| TrainedKind::Mlp { hidden }),
             categories: k,
@@ -386,7 +409,7 @@ fn a_bad_trained_head_is_refused_naming_its_file() {
     let dir = temp("bad");
     let spec = |layers: Vec<usize>, hidden_size| TrainedSpec {
         dir: dir.clone(),
-        layers,
+        groups: vec![layers],
         hidden_size,
         kind: TrainedKind::Logistic,
         categories: 0,

@@ -1,5 +1,6 @@
 //! A PRM head trained on a frozen base (a head folder's `head.safetensors`, docs/training.md):
-//! the mean of some layers' hidden states at each read, standardised, through a logistic or
+//! at each read, the mean of some layers' hidden states (or several such means, concatenated),
+//! standardised, through a logistic or
 //! one-hidden-layer MLP step head or a trace probe over the trace's steps in order, and an
 //! optional category head on the same features.
 
@@ -50,9 +51,11 @@ pub mod head_tensors {
 pub struct TrainedSpec {
     /// The head folder: the weights are its `head.safetensors`.
     pub dir: PathBuf,
-    /// The layers averaged into the feature: `l` < the base's layer count is the residual
-    /// stream after decoder layer `l`; the layer count is after the final norm.
-    pub layers: Vec<usize>,
+    /// The feature's groups of layers: each group's states averaged, the groups' means
+    /// concatenated in order (one group: the feature is its mean, `hidden_size` wide). Layer
+    /// `l` < the base's layer count is the residual stream after decoder layer `l`; the layer
+    /// count is after the final norm.
+    pub groups: Vec<Vec<usize>>,
     /// The base's hidden size the head was trained on.
     pub hidden_size: usize,
     pub kind: TrainedKind,
@@ -72,8 +75,11 @@ pub enum TrainedKind {
 }
 
 pub(crate) struct Trained {
+    /// Every layer the groups name, once, in the order first named: what the decoder taps.
     layers: Vec<usize>,
-    /// (1, H) each: x = (f - mean) / scale.
+    /// Each group as indices into `layers`.
+    groups: Vec<Vec<usize>>,
+    /// (1, D) each, D = H x groups: x = (f - mean) / scale.
     mean: Tensor,
     scale: Tensor,
     step: Step,
@@ -174,8 +180,9 @@ impl Trained {
             tensors,
             dev,
         };
-        let h = spec.hidden_size;
-        let base = "the base's hidden size";
+        // The feature's width: one hidden state per group.
+        let h = spec.hidden_size * spec.groups.len();
+        let base = "the base's hidden size by the layer groups";
         let mean = w
             .get(head_tensors::NORM_MEAN, &[h], base)?
             .reshape((1, h))?;
@@ -193,7 +200,7 @@ impl Trained {
                     head_tensors::STEP_HIDDEN,
                     hidden,
                     h,
-                    "mlp_hidden by the base's hidden size",
+                    "mlp_hidden by the feature's width",
                 )?,
                 l2: w.linear(head_tensors::STEP_OUT, 1, hidden, "mlp_hidden")?,
             },
@@ -205,11 +212,13 @@ impl Trained {
                 head_tensors::CATEGORY,
                 k,
                 h,
-                "the categories by the hidden size",
+                "the categories by the feature's width",
             )?),
         };
+        let (layers, groups) = tapped(&spec.groups);
         Ok(Self {
-            layers: spec.layers.clone(),
+            layers,
+            groups,
             mean,
             scale: scale.reshape((1, h))?,
             step,
@@ -229,7 +238,8 @@ impl Trained {
         taps: &[Tensor],
         rows: &[usize],
     ) -> candle_core::Result<(Vec<f32>, Vec<Vec<f32>>)> {
-        let x = average(taps)?
+        let x = self
+            .feature(taps)?
             .broadcast_sub(&self.mean)?
             .broadcast_div(&self.scale)?;
         let z = match &self.step {
@@ -246,6 +256,49 @@ impl Trained {
         };
         Ok((scores, categories))
     }
+}
+
+impl Trained {
+    /// The feature at each read: each group's mean, concatenated in group order.
+    fn feature(&self, taps: &[Tensor]) -> candle_core::Result<Tensor> {
+        let means = self
+            .groups
+            .iter()
+            .map(|g| {
+                let states = g
+                    .iter()
+                    .map(|&i| taps.get(i).cloned())
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| candle_core::Error::Msg("a tapped layer is missing".into()))?;
+                average(&states)
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        match means.as_slice() {
+            [one] => Ok(one.clone()),
+            _ => Tensor::cat(&means, 1),
+        }
+    }
+}
+
+/// The layers `groups` name, each once in the order first named, and each group as indices
+/// into them.
+fn tapped(groups: &[Vec<usize>]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let mut layers: Vec<usize> = Vec::new();
+    let index = groups
+        .iter()
+        .map(|g| {
+            g.iter()
+                .map(|&l| match layers.iter().position(|&x| x == l) {
+                    Some(i) => i,
+                    None => {
+                        layers.push(l);
+                        layers.len() - 1
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    (layers, index)
 }
 
 /// A trace probe over each row's reads on their own, so a row's scores do not depend on the
@@ -300,10 +353,10 @@ fn check_spec(spec: &TrainedSpec, cfg: &ModelConfig) -> Result<(), ModelError> {
         reason,
     };
     let n = cfg.num_hidden_layers;
-    if spec.layers.is_empty() {
+    if spec.groups.is_empty() || spec.groups.iter().any(Vec::is_empty) {
         return Err(bad("layers", "lists no layer".into()));
     }
-    if let Some(l) = spec.layers.iter().find(|&&l| l > n) {
+    if let Some(l) = spec.groups.iter().flatten().find(|&&l| l > n) {
         return Err(bad(
             "layers",
             format!(

@@ -118,7 +118,7 @@ pub struct Trained {
     pub dev_f1: f64,
     pub threshold: f32,
     pub head: &'static str,
-    pub layers: Vec<usize>,
+    pub layers: retrace::HeadLayers,
     /// Traces trained on (after --max-train).
     pub train_traces: usize,
     /// The features: how long getting them took, and what was extracted rather than read
@@ -310,18 +310,21 @@ pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
             .unwrap_or_else(|| retrace::Env::process().cache_dir().join("features")),
     };
     let sets = [&split.data, &split.dev_data, &split.test_data];
-    let (rows, extraction) = features(&base, &taps, &sets, &cache, &progress)?;
+    let parts = taps::parts(&taps);
+    let (columns, extraction) = features(&base, &parts, &sets, &cache, &progress)?;
     let traces = layout(&sets);
     let problem = Problem {
         traces: &traces,
         train: &split.train,
         dev: &split.dev,
     };
-    let candidates: Vec<Candidate> = taps
+    let candidates = taps
         .into_iter()
-        .zip(rows)
-        .map(|(tap, rows)| Candidate { tap, rows })
-        .collect();
+        .map(|tap| {
+            let rows = tap.rows(&parts, &columns)?;
+            Ok(Candidate { tap, rows })
+        })
+        .collect::<Result<Vec<_>, TrainError>>()?;
     let started = Instant::now();
     let outcome = decide(&problem, &candidates, &settings, &progress)?;
     let train_s = started.elapsed().as_secs_f64();
@@ -379,7 +382,7 @@ fn head_config(
         base_sha256: base.sha256.clone(),
         dtype: Some(base.dtype),
         format: base.format,
-        layers: tap.layers.clone(),
+        layers: retrace::HeadLayers(tap.parts.clone()),
         hidden_size: base.extractor.hidden_size(),
         head,
         mlp_hidden,

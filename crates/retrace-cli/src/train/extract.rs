@@ -5,7 +5,6 @@ use super::TrainError;
 use super::cache::{Entry, FeatureCache, Key};
 use super::data::{Dataset, Labelled};
 use super::progress::Progress;
-use super::taps::Tap;
 use crate::common::DataError;
 use candle_core::{Device, Tensor};
 use retrace::Family;
@@ -64,12 +63,12 @@ pub(crate) fn load_base(
     })
 }
 
-/// Every trace's features for every tap: one (steps, H) matrix per tap, rows in trace order
-/// across `sets` (the sets' traces one after another), each file read from the cache or
-/// extracted and cached.
+/// Every trace's features for every part (a set of layers, averaged): one (steps, H) matrix per
+/// part, rows in trace order across `sets` (the sets' traces one after another), each file read
+/// from the cache or extracted and cached.
 pub(crate) fn features(
     base: &Base,
-    taps: &[Tap],
+    taps: &[Vec<usize>],
     sets: &[&Dataset],
     cache: &FeatureCache,
     progress: &Progress,
@@ -85,7 +84,7 @@ pub(crate) fn features(
                 retrace: env!("CARGO_PKG_VERSION").into(),
                 base_sha256: base.sha256.clone(),
                 format: base.format.as_str().into(),
-                taps: taps.iter().map(|t| t.layers.clone()).collect(),
+                taps: taps.to_vec(),
                 precision: base.precision.clone(),
                 file_sha256: file.sha256.clone(),
             };
@@ -149,22 +148,21 @@ fn trace_of(t: &Labelled) -> Trace {
 /// error naming its file and line.
 fn extract(
     base: &Base,
-    taps: &[Tap],
+    layers: &[Vec<usize>],
     labelled: &[&Labelled],
     file: &Path,
     progress: &Progress,
 ) -> Result<(Entry, usize), TrainError> {
     let traces: Vec<Trace> = labelled.iter().map(|t| trace_of(t)).collect();
-    let layers: Vec<Vec<usize>> = taps.iter().map(|t| t.layers.clone()).collect();
     let h = base.extractor.hidden_size();
     let bar = progress.extraction(&file.display().to_string(), traces.len());
-    let mut flat: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
+    let mut flat: Vec<Vec<f32>> = vec![Vec::new(); layers.len()];
     let mut steps = Vec::with_capacity(traces.len());
     let mut tokens = 0;
     base.extractor
         .extract_each(
             &traces,
-            &layers,
+            layers,
             |_, f| {
                 steps.push(f.steps.len());
                 for step in f.steps {

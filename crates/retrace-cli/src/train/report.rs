@@ -54,7 +54,7 @@ fn notes(c: &HeadConfig, out: &Outcome) -> Vec<String> {
             l.correct_steps, l.wrong_steps, l.traces, l.all_correct_traces
         ),
         format!(
-            "kept: **{}** head on tap **{}** (layers {:?}), threshold **{}**, dev F1 **{:.2}**",
+            "kept: **{}** head on tap **{}** (layers {}), threshold **{}**, dev F1 **{:.2}**",
             c.head.as_str(),
             out.tap().name,
             c.layers,
@@ -89,7 +89,7 @@ fn taps_section(out: &Outcome) -> Section {
             let h = &fit.fitted;
             vec![
                 name,
-                format!("{:?}", tap.layers),
+                retrace::HeadLayers(tap.parts.clone()).to_string(),
                 f1(fit.dev_f1),
                 f1(h.history[h.best].train),
                 h.history[h.best].epoch.to_string(),

@@ -1,15 +1,55 @@
-//! Taps: which decoder layers' hidden states, averaged, make a step's feature. Named on the
-//! command line (`final`, `topN`, `middle`, a layer `N`, a range `A-B`) and resolved against
-//! the base's layer count; layer `num_hidden_layers` is the state after the final norm. `topN`
-//! on a base of fewer than N layers averages all of them.
+//! Taps: which decoder layers' hidden states make a step's feature. Named on the command line
+//! (`final`, `topN`, `middle`, a layer `N`, a range `A-B`, each averaged, or parts joined by
+//! `+`, whose means are concatenated) and resolved against the base's layer count; layer
+//! `num_hidden_layers` is the state after the final norm. `topN` on a base of fewer than N
+//! layers averages all of them.
 
 use super::TrainError;
+use candle_core::Tensor;
 
-/// A candidate feature: its name as given and the 0-based layers averaged.
+/// A candidate feature: its name as given and its parts, each the 0-based layers averaged;
+/// the parts' means are concatenated in order.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct Tap {
     pub(crate) name: String,
-    pub(crate) layers: Vec<usize>,
+    pub(crate) parts: Vec<Vec<usize>>,
+}
+
+impl Tap {
+    /// The tap's feature rows from every part's (`columns`, in `parts` order): its parts'
+    /// columns side by side, as the served head concatenates its groups' means.
+    pub(crate) fn rows(
+        &self,
+        parts: &[Vec<usize>],
+        columns: &[Tensor],
+    ) -> Result<Tensor, TrainError> {
+        let mine = self
+            .parts
+            .iter()
+            .map(|p| {
+                let i = parts.iter().position(|q| q == p);
+                i.and_then(|i| columns.get(i)).cloned().ok_or_else(|| {
+                    TrainError::Usage(format!("tap {}: part {p:?} was not extracted", self.name))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        match mine.as_slice() {
+            [one] => Ok(one.clone()),
+            _ => Ok(Tensor::cat(&mine, 1)?),
+        }
+    }
+}
+
+/// Every part the taps name, once, in the order first named: what the base is asked for (and
+/// the feature cache keyed by). A tap's feature is its parts' columns from these.
+pub(crate) fn parts(taps: &[Tap]) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for p in taps.iter().flat_map(|t| &t.parts) {
+        if !out.contains(p) {
+            out.push(p.clone());
+        }
+    }
+    out
 }
 
 /// The default candidates: the final normed state, the mean of the top four layers, the middle.
@@ -22,9 +62,12 @@ pub(crate) fn resolve(specs: &[String], layers: usize) -> Result<Vec<Tap>, Train
     for spec in specs {
         let tap = Tap {
             name: spec.clone(),
-            layers: one(spec.trim(), layers)?,
+            parts: spec
+                .split('+')
+                .map(|part| one(spec, part.trim(), layers))
+                .collect::<Result<_, _>>()?,
         };
-        if !out.iter().any(|t| t.layers == tap.layers) {
+        if !out.iter().any(|t| t.parts == tap.parts) {
             out.push(tap);
         }
     }
@@ -34,11 +77,13 @@ pub(crate) fn resolve(specs: &[String], layers: usize) -> Result<Vec<Tap>, Train
     Ok(out)
 }
 
-fn one(spec: &str, layers: usize) -> Result<Vec<usize>, TrainError> {
+/// One part of the tap `tap`: the layers it averages.
+fn one(tap: &str, spec: &str, layers: usize) -> Result<Vec<usize>, TrainError> {
     let bad = |why: String| {
         TrainError::Usage(format!(
-            "--taps {spec:?}: {why}; a tap is final, topN, middle, a layer N or a range A-B \
-             (layers 0..={layers}, {layers} being the state after the final norm)"
+            "--taps {tap:?}: {why}; a tap is final, topN, middle, a layer N or a range A-B, or \
+             such parts joined by + (concatenated) (layers 0..={layers}, {layers} being the \
+             state after the final norm)"
         ))
     };
     let number = |s: &str| {
@@ -84,16 +129,30 @@ mod tests {
     #[test]
     fn resolves_names_against_the_layer_count() {
         let taps = resolve(&specs(DEFAULT), 30).unwrap();
-        let layers: Vec<_> = taps.iter().map(|t| t.layers.clone()).collect();
-        assert_eq!(layers, [vec![30], vec![26, 27, 28, 29], vec![15]]);
+        let layers: Vec<_> = taps.iter().map(|t| t.parts.clone()).collect();
+        assert_eq!(layers, [[vec![30]], [vec![26, 27, 28, 29]], [vec![15]]]);
         let taps = resolve(&specs("3-5,4,final,30"), 30).unwrap();
         assert_eq!(taps.len(), 3, "{taps:?}"); // 30 is final
-        assert_eq!(taps[0].layers, [3, 4, 5]);
+        assert_eq!(taps[0].parts, [[3, 4, 5]]);
+    }
+
+    #[test]
+    fn parts_joined_by_plus_are_concatenated_and_asked_for_once() {
+        let taps = resolve(&specs("middle,middle+final,top2+ 15"), 30).unwrap();
+        assert_eq!(taps[1].parts, [vec![15], vec![30]]);
+        assert_eq!(taps[2].parts, [vec![28, 29], vec![15]]);
+        assert_eq!(parts(&taps), [vec![15], vec![30], vec![28, 29]]);
+        let e = resolve(&specs("middle+31"), 30).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--taps \"middle+31\": the base has no layer 31"),
+            "{e}"
+        );
+        assert!(resolve(&specs("middle+"), 30).is_err());
     }
 
     #[test]
     fn refuses_layers_the_base_lacks() {
-        assert_eq!(resolve(&specs("top4"), 2).unwrap()[0].layers, [0, 1]);
+        assert_eq!(resolve(&specs("top4"), 2).unwrap()[0].parts, [[0, 1]]);
         for s in ["31", "top0", "5-3", "x", "top", "2-31"] {
             let e = resolve(&specs(s), 30).unwrap_err().to_string();
             assert!(e.starts_with(&format!("--taps {s:?}")), "{e}");

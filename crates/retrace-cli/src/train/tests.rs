@@ -183,14 +183,14 @@ fn candidates(s: &Synthetic) -> Vec<Candidate> {
         Candidate {
             tap: Tap {
                 name: "noise".into(),
-                layers: vec![1],
+                parts: vec![vec![1]],
             },
             rows: noise,
         },
         Candidate {
             tap: Tap {
                 name: "real".into(),
-                layers: vec![2],
+                parts: vec![vec![2]],
             },
             rows: s.features.clone(),
         },
