@@ -87,7 +87,10 @@ pub use env::{Env, Secret};
 pub use field::FieldPath;
 pub use health::evaluator_service;
 pub use judge::JudgeConfig;
-pub use metrics::{Activity, PREFIX_TOKENS, activity, install as install_metrics};
+pub use metrics::{
+    Activity, BATCH_SIZE, PREFIX_TOKENS, REQUEST_DURATION, STAGE_DURATION, activity,
+    install as install_metrics,
+};
 pub use prm::features::{ExtractError, Extractor, TraceFeatures};
 pub use prm::format::{
     CHAT_LM_INSTRUCTION, Encoded, Family, FormatError, Formatter, LoadError, PrmKind,

@@ -18,15 +18,15 @@ pub(crate) use reward::{record_reward_sample, reward_samples_at_zero};
 pub(crate) use upstream::{JUDGE_UPSTREAM, PRM_UPSTREAM, UpstreamMetrics};
 
 pub(crate) const REQUESTS: &str = "retrace_requests_total";
-pub(crate) const REQUEST_DURATION: &str = "retrace_request_duration_seconds";
-pub(crate) const STAGE_DURATION: &str = "retrace_stage_duration_seconds";
+pub const REQUEST_DURATION: &str = "retrace_request_duration_seconds";
+pub const STAGE_DURATION: &str = "retrace_stage_duration_seconds";
 pub(crate) const IN_FLIGHT: &str = "retrace_in_flight_requests";
 pub(crate) const MAX_IN_FLIGHT: &str = "retrace_max_in_flight";
 pub(crate) const QUEUE_DEPTH: &str = "retrace_queue_depth";
 pub(crate) const PACE: &str = "retrace_evaluator_pace_bytes_per_second";
 pub(crate) const EVALUATOR_READY: &str = "retrace_evaluator_ready";
 pub(crate) const STEPS_SCORED: &str = "retrace_steps_scored_total";
-pub(crate) const BATCH_SIZE: &str = "retrace_batch_size";
+pub const BATCH_SIZE: &str = "retrace_batch_size";
 pub(crate) const BATCH_TOKENS: &str = "retrace_batch_tokens";
 pub(crate) const TOKENS_SCORED: &str = "retrace_tokens_scored_total";
 pub(crate) const MODEL_LOAD: &str = "retrace_model_load_seconds";

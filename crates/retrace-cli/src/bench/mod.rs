@@ -32,10 +32,15 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchOptions {
     /// What to measure, comma-separated: `plain` is the speed table (retrace against
-    /// llama-server on ProcessBench); `tree`, `best-of-n`, `rl-burst` and `processbench` measure
-    /// token reuse (the prefix cache on, off, and no reuse at all) in one run.
+    /// llama-server on ProcessBench); `tree`, `beam`, `best-of-n`, `rl-burst` and `processbench`
+    /// measure token reuse (the prefix cache on, off, and no reuse at all) in one run.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "plain")]
     pub(crate) workload: Vec<reuse::Kind>,
+    /// Callers for the reuse workloads (requests in flight; searches in flight for `beam`),
+    /// comma-separated: each workload runs at each. Default: each workload's own (tree search
+    /// and beam search 4, Best-of-N 1, RL burst 64, ProcessBench 16).
+    #[arg(long, value_delimiter = ',')]
+    pub callers: Vec<usize>,
     /// ProcessBench splits beside --data that tree search walks, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "math,olympiadbench")]
     pub tree_splits: Vec<String>,
@@ -48,7 +53,8 @@ pub struct BenchOptions {
     /// passes $RETRACE_PROCESSBENCH_DIR/gsm8k.json); tests/fixtures/processbench is a subset.
     #[arg(long)]
     pub data: PathBuf,
-    /// Score the first N traces of --data (of each tree split for `tree`).
+    /// Score the first N traces of --data (of each tree split for `tree`; the first N questions
+    /// of --bon-data for `beam`, repeated as other questions up to --callers searches).
     #[arg(long, default_value_t = 64)]
     pub limit: usize,
     /// Measured rounds; each round runs every contender at every concurrency, alternating which

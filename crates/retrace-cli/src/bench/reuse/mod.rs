@@ -1,4 +1,4 @@
-//! `retrace bench --workload tree,best-of-n,rl-burst,processbench`: what reusing computed tokens
+//! `retrace bench --workload tree,beam,best-of-n,rl-burst,processbench`: what reusing computed tokens
 //! buys, on the loops retrace serves, through the real gRPC path. Three retrace servers on the
 //! same model: the prefix cache on; `prefix_cache_mb = 0` (in-batch sharing still on); and no
 //! reuse at all (`prefix_sharing = false` too), plus llama-server's per-step procedure (its slot
@@ -10,17 +10,22 @@
 //!
 //! - `report`: the table, and the verdicts on the targets the flags give.
 
+mod beam;
+mod jobs;
 mod report;
+mod scrape;
 
 use super::grpc::again_if_cut;
 use super::llama::LlamaServer;
 use super::procs::Guard;
 use super::{BenchOptions, BenchTrace, Workload};
-use crate::common::read_records;
-use anyhow::{Context, bail};
+use anyhow::Context;
+use beam::BeamJob;
+use jobs::{Fits, jobs};
 use report::ReuseSample;
 use retrace::pb;
-use std::path::{Path, PathBuf};
+use scrape::Counters;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use tonic::transport::Channel;
@@ -38,6 +43,8 @@ pub(crate) enum Kind {
     RlBurst,
     /// Plain ProcessBench, each trace once: what the cache costs when nothing repeats.
     Processbench,
+    /// PRM-guided beam search: 4 beams kept, each extended by 4 candidate steps a depth.
+    Beam,
 }
 
 impl Kind {
@@ -48,13 +55,14 @@ impl Kind {
             Kind::BestOfN => "Best-of-N",
             Kind::RlBurst => "RL burst",
             Kind::Processbench => "ProcessBench, no repeats",
+            Kind::Beam => "beam search",
         }
     }
 
-    /// Requests in flight: part of each workload's definition.
+    /// Callers (requests, or searches, in flight) unless --callers says otherwise.
     fn concurrency(self) -> usize {
         match self {
-            Kind::Tree => 4,
+            Kind::Tree | Kind::Beam => 4,
             Kind::BestOfN => 1,
             Kind::RlBurst => 64,
             Kind::Plain | Kind::Processbench => 16,
@@ -99,6 +107,8 @@ impl Who {
 enum ReuseJob {
     Evaluate(Vec<pb::EvaluateRequest>),
     Rank(pb::RankRequest),
+    /// A search whose requests depend on the scores of those before.
+    Beam(BeamJob),
 }
 
 struct Server {
@@ -146,8 +156,16 @@ pub(super) async fn bench(
     Ok(report::report(opts, kinds, &runs, &rss, weights))
 }
 
-/// One workload: a warm-up round, then --rounds measured ones, each contender once per round,
-/// who goes first rotating.
+/// The callers a workload runs at: --callers, else its own.
+fn callers(opts: &BenchOptions, kind: Kind) -> Vec<usize> {
+    match opts.callers.is_empty() {
+        true => vec![kind.concurrency()],
+        false => opts.callers.clone(),
+    }
+}
+
+/// One workload at each of its callers: a warm-up round, then --rounds measured ones, each
+/// contender once per round, who goes first rotating.
 async fn measure(
     opts: &BenchOptions,
     kind: Kind,
@@ -159,55 +177,58 @@ async fn measure(
         order.push(Who::Llama);
     }
     let mut runs = Vec::new();
-    for round in 0..=opts.rounds {
-        // Round 0 warms up (pages, pools) and is not measured.
-        let marker = match round {
-            0 => "Warm-up.".to_string(),
-            r => format!("Round {r}."),
-        };
-        let (mut jobs, mut traces) = jobs(opts, kind, &marker, fits)?;
-        if round == 0 {
-            jobs.truncate(2);
-            traces.traces.truncate(2);
-        }
-        let (jobs, traces) = (Arc::new(jobs), Arc::new(traces));
-        let n = order.len();
-        for i in 0..n {
-            let who = order[(i + round) % n];
-            let started = Instant::now();
-            let tokens = run_one(who, kind, contenders, &jobs, &traces).await?;
-            let wall = started.elapsed();
-            eprintln!(
-                "bench: {} round {round} {:>30} {:7.2} s",
-                kind.name(),
-                who.name(),
-                wall.as_secs_f64()
-            );
-            if round > 0 {
-                runs.push(ReuseSample {
-                    workload: kind,
-                    who,
-                    wall,
-                    tokens,
-                });
+    for callers in callers(opts, kind) {
+        for round in 0..=opts.rounds {
+            // Round 0 warms up (pages, pools) and is not measured.
+            let marker = match round {
+                0 => format!("Warm-up {callers}."),
+                r => format!("Round {r}, {callers}."),
+            };
+            let (mut jobs, mut traces) = jobs(opts, kind, &marker, fits, callers)?;
+            if round == 0 {
+                jobs.truncate(2);
+                traces.traces.truncate(2);
+            }
+            let (jobs, traces) = (Arc::new(jobs), Arc::new(traces));
+            let n = order.len();
+            for i in 0..n {
+                let who = order[(i + round) % n];
+                let started = Instant::now();
+                let counters = run_one(who, callers, contenders, &jobs, &traces).await?;
+                let wall = started.elapsed();
+                eprintln!(
+                    "bench: {} ({callers} callers) round {round} {:>30} {:7.2} s",
+                    kind.name(),
+                    who.name(),
+                    wall.as_secs_f64()
+                );
+                if round > 0 {
+                    runs.push(ReuseSample {
+                        workload: kind,
+                        callers,
+                        who,
+                        wall,
+                        counters,
+                    });
+                }
             }
         }
     }
     Ok(runs)
 }
 
-/// One contender through one round's work; for a retrace server, the tokens it computed and
-/// reused meanwhile.
+/// One contender through one round's work; for a retrace server, its counters' movement
+/// meanwhile (tokens computed and reused, where the requests' time went).
 async fn run_one(
     who: Who,
-    kind: Kind,
+    callers: usize,
     contenders: &Contenders,
     jobs: &Arc<Vec<ReuseJob>>,
     traces: &Arc<Workload>,
-) -> anyhow::Result<Option<(f64, f64)>> {
+) -> anyhow::Result<Option<Counters>> {
     if who == Who::Llama {
         let l = contenders.llama.as_ref().expect("started for tree");
-        l.run(traces, kind.concurrency()).await?;
+        l.run(traces, callers).await?;
         return Ok(None);
     }
     let server = &contenders
@@ -217,9 +238,9 @@ async fn run_one(
         .expect("started")
         .1;
     let before = counters(&server.metrics).await?;
-    send(&server.client, jobs, kind.concurrency()).await?;
+    send(&server.client, jobs, callers).await?;
     let after = counters(&server.metrics).await?;
-    Ok(Some((after.0 - before.0, after.1 - before.1)))
+    Ok(Some(after - before))
 }
 
 /// Starts `retrace serve` for one contender and connects.
@@ -248,10 +269,12 @@ async fn start_llama(
 ) -> anyhow::Result<LlamaServer> {
     let (bin, gguf) = super::llama_paths(opts, cache);
     eprintln!("bench: starting llama-server ({})", bin.display());
+    // A slot for each caller tree search runs at.
+    let slots = callers(opts, Kind::Tree).into_iter().max().unwrap_or(1);
     LlamaServer::start(
         &bin,
         &gguf,
-        Kind::Tree.concurrency(),
+        slots,
         4096,
         opts,
         &logs.join("llama-server.log"),
@@ -259,21 +282,11 @@ async fn start_llama(
     .await
 }
 
-/// The server's tokens computed and reused so far.
-async fn counters(url: &str) -> anyhow::Result<(f64, f64)> {
+/// The bench evaluator's counters so far, from the server's /metrics.
+async fn counters(url: &str) -> anyhow::Result<Counters> {
     let http = retrace::http_client()?;
     let text = http.get(url).send().await?.text().await?;
-    let read = |kind: &str| {
-        let key = format!(
-            "{}{{evaluator=\"bench\",kind=\"{kind}\"}} ",
-            retrace::PREFIX_TOKENS
-        );
-        text.lines()
-            .find_map(|l| l.strip_prefix(&key))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Ok((read("computed"), read("reused")))
+    Ok(scrape::counters(&text))
 }
 
 /// Sends every job, `concurrency` at a time, each job's requests in order.
@@ -305,193 +318,11 @@ async fn send(
                     .await
                     .context("Rank")?;
                 }
+                ReuseJob::Beam(search) => search.run(&client).await?,
             }
             Ok((Vec::new(), 0))
         }
     })
     .await
     .map(drop)
-}
-
-/// A Best-of-N line: the instruction every candidate follows, the question, the candidates.
-#[derive(serde::Deserialize)]
-struct Candidates {
-    instruction: String,
-    question: String,
-    candidates: Vec<String>,
-}
-
-fn read_candidates(path: &Path) -> anyhow::Result<Vec<Candidates>> {
-    let text = std::fs::read_to_string(path).with_context(|| {
-        format!(
-            "reading {} (scripts/bench/make-best-of-n.sh writes it)",
-            path.display()
-        )
-    })?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| format!("{}: line {}", path.display(), i + 1))
-        })
-        .collect()
-}
-
-/// A trace with its steps; traces of fewer than two steps are left out of tree search.
-fn evaluate(question: String, steps: Vec<String>) -> pb::EvaluateRequest {
-    pb::EvaluateRequest {
-        evaluator: "bench".into(),
-        trace: Some(pb::Trace {
-            question,
-            steps,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-/// The workload's jobs for one round (questions opening with `marker`), and for tree search
-/// the same traces for llama-server.
-fn jobs(
-    opts: &BenchOptions,
-    kind: Kind,
-    marker: &str,
-    fits: &Fits,
-) -> anyhow::Result<(Vec<ReuseJob>, Workload)> {
-    let (jobs, traces) = match kind {
-        Kind::Plain => bail!("the plain workload is the speed table"),
-        Kind::Tree | Kind::Processbench => trace_jobs(opts, kind, marker, fits)?,
-        Kind::BestOfN => (rank_jobs(opts, marker)?, Vec::new()),
-        Kind::RlBurst => (burst_jobs(opts, marker)?, Vec::new()),
-    };
-    if jobs.is_empty() {
-        bail!("the {} workload has no traces", kind.name());
-    }
-    let work = Workload {
-        traces,
-        tokens: 0,
-        steps: 0,
-        flops: 0.0,
-    };
-    Ok((jobs, work))
-}
-
-/// Tree search (every prefix of a trace, in order) or plain ProcessBench (each trace once):
-/// the first --limit traces of each file that fit the model.
-fn trace_jobs(
-    opts: &BenchOptions,
-    kind: Kind,
-    marker: &str,
-    fits: &Fits,
-) -> anyhow::Result<(Vec<ReuseJob>, Vec<BenchTrace>)> {
-    let files: Vec<PathBuf> = match kind {
-        Kind::Tree => opts.tree_splits.iter().map(|s| split(opts, s)).collect(),
-        _ => vec![opts.data.clone()],
-    };
-    let (mut jobs, mut traces) = (Vec::new(), Vec::new());
-    for file in files {
-        for record in read_records(&file)?.take(opts.limit) {
-            let r = record?;
-            let question = format!("{marker} {}", r.question.trim());
-            let steps: Vec<String> = r.steps.iter().map(|s| s.trim().to_string()).collect();
-            if steps.iter().any(|s| s.is_empty())
-                || steps.is_empty()
-                || !fits.check(&question, &steps)
-            {
-                continue;
-            }
-            match kind {
-                Kind::Tree if steps.len() < 2 => continue,
-                Kind::Tree => jobs.push(ReuseJob::Evaluate(
-                    (1..=steps.len())
-                        .map(|k| evaluate(question.clone(), steps[..k].to_vec()))
-                        .collect(),
-                )),
-                _ => jobs.push(ReuseJob::Evaluate(vec![evaluate(
-                    question.clone(),
-                    steps.clone(),
-                )])),
-            }
-            traces.push(BenchTrace {
-                question,
-                steps,
-                tokens: 0,
-            });
-        }
-    }
-    Ok((jobs, traces))
-}
-
-/// Best-of-N: one Rank of every candidate per question.
-fn rank_jobs(opts: &BenchOptions, marker: &str) -> anyhow::Result<Vec<ReuseJob>> {
-    let jobs = read_candidates(&opts.bon_data)?
-        .into_iter()
-        .map(|c| {
-            ReuseJob::Rank(pb::RankRequest {
-                evaluator: "bench".into(),
-                question: format!("{marker} {}\n\nQuestion: {}", c.instruction, c.question),
-                candidates: c
-                    .candidates
-                    .iter()
-                    .map(|t| pb::Trace {
-                        text: t.clone(),
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            })
-        })
-        .collect();
-    Ok(jobs)
-}
-
-/// The RL burst: an Evaluate for each of the first 8 candidates of every question.
-fn burst_jobs(opts: &BenchOptions, marker: &str) -> anyhow::Result<Vec<ReuseJob>> {
-    let mut jobs = Vec::new();
-    for c in read_candidates(&opts.bon_data)? {
-        for t in c.candidates.iter().take(8) {
-            let request = pb::EvaluateRequest {
-                evaluator: "bench".into(),
-                trace: Some(pb::Trace {
-                    question: format!("{marker} {}", c.question),
-                    text: t.clone(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
-            jobs.push(ReuseJob::Evaluate(vec![request]));
-        }
-    }
-    Ok(jobs)
-}
-
-/// Which traces fit the model's context (the longest olympiadbench ones may not).
-struct Fits {
-    formatter: retrace::Formatter,
-    limit: usize,
-}
-
-impl Fits {
-    fn load(opts: &BenchOptions, model: &Path) -> anyhow::Result<Fits> {
-        let formatter = super::speed::formatter(opts, model)?;
-        let config: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(model.join("config.json"))?)?;
-        let limit = config["max_position_embeddings"].as_u64().unwrap_or(2048) as usize;
-        Ok(Fits { formatter, limit })
-    }
-
-    fn check(&self, question: &str, steps: &[String]) -> bool {
-        let trace = retrace::Trace::of_steps(question, steps);
-        self.formatter
-            .encode(&trace)
-            .is_ok_and(|e| e.ids.len() <= self.limit)
-    }
-}
-
-/// A ProcessBench split's file beside --data.
-fn split(opts: &BenchOptions, name: &str) -> PathBuf {
-    opts.data
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join(format!("{name}.json"))
 }

@@ -1,6 +1,7 @@
 //! The reuse bench's report: a row per workload and contender (medians over rounds), each
 //! workload's speed-ups and token bound, and a verdict for each target the flags give.
 
+use super::scrape::Counters;
 use super::{BenchOptions, Kind, Who};
 use crate::bench::report::{Targets, median};
 use std::fmt::Write as _;
@@ -10,15 +11,18 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub(super) struct ReuseSample {
     pub(super) workload: Kind,
+    /// Requests (or searches) in flight.
+    pub(super) callers: usize,
     pub(super) who: Who,
     pub(super) wall: Duration,
-    /// Tokens computed and reused, from the server's counters (retrace only).
-    pub(super) tokens: Option<(f64, f64)>,
+    /// The server's counters' movement over the run (retrace only).
+    pub(super) counters: Option<Counters>,
 }
 
 /// The runs of one workload, and the medians read off them.
 struct WorkloadRuns<'a> {
     kind: Kind,
+    callers: usize,
     runs: &'a [ReuseSample],
 }
 
@@ -26,8 +30,13 @@ impl WorkloadRuns<'_> {
     fn of(&self, who: Who) -> Vec<&ReuseSample> {
         self.runs
             .iter()
-            .filter(|m| m.workload == self.kind && m.who == who)
+            .filter(|m| m.workload == self.kind && m.callers == self.callers && m.who == who)
             .collect()
+    }
+
+    /// The workload and its callers, as the table and the notes name them.
+    fn name(&self) -> String {
+        format!("{}, {} callers", self.kind.name(), self.callers)
     }
 
     /// Median seconds of a contender.
@@ -37,11 +46,16 @@ impl WorkloadRuns<'_> {
 
     /// Median tokens computed (`reused` false) or reused of a contender.
     fn tokens(&self, who: Who, reused: bool) -> f64 {
-        let pick = |t: (f64, f64)| if reused { t.1 } else { t.0 };
+        let pick = |c: Counters| if reused { c.reused } else { c.computed };
+        self.median(who, pick)
+    }
+
+    /// The median over rounds of `f` of a contender's counters.
+    fn median(&self, who: Who, f: impl Fn(Counters) -> f64) -> f64 {
         median(
             self.of(who)
                 .iter()
-                .filter_map(|m| m.tokens.map(pick))
+                .filter_map(|m| m.counters.map(&f))
                 .collect(),
         )
     }
@@ -77,12 +91,27 @@ pub(super) fn report(
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     let mut notes = Vec::new();
+    let mut profile = String::new();
     for &kind in kinds {
-        let w = WorkloadRuns { kind, runs };
-        out.push_str(&rows(&w));
-        notes.extend(speed_notes(&w, &opts.targets));
+        let mut callers: Vec<usize> = runs
+            .iter()
+            .filter(|r| r.workload == kind)
+            .map(|r| r.callers)
+            .collect();
+        callers.dedup();
+        for callers in callers {
+            let w = WorkloadRuns {
+                kind,
+                callers,
+                runs,
+            };
+            out.push_str(&rows(&w));
+            profile.push_str(&profile_row(&w));
+            notes.extend(speed_notes(&w, &opts.targets));
+        }
     }
     notes.extend(rss_notes(opts, rss, weights));
+    out.push_str(&format!("\n{PROFILE_HEAD}{profile}"));
     out.push('\n');
     for v in notes {
         let _ = writeln!(out, "- {v}");
@@ -115,13 +144,49 @@ fn rows(w: &WorkloadRuns) -> String {
         let _ = writeln!(
             out,
             "| {} | {} | {s:.2} | {} | {} | {speedup:.2}x | {bound_cell} | {share} |",
-            w.kind.name(),
+            w.name(),
             who.name(),
             cell(w.tokens(who, false)),
             cell(w.tokens(who, true)),
         );
     }
     out
+}
+
+const PROFILE_HEAD: &str = "Where a request's time goes on the prefix cache server (medians over \
+rounds, per request: its whole time in the server, the queue before the model, the batch it ran in \
+and what is left, formatting, the read-out and the answer; the model's busy share of the run; \
+traces and tokens computed per batch):\n\n\
+| workload | requests | ms in server | ms queued | ms tokenizing | ms its batch ran | ms left | model busy | traces / batch | tokens computed / batch |\n\
+|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+
+/// The cache server's time per request for one workload.
+fn profile_row(w: &WorkloadRuns) -> String {
+    let who = Who::Cache;
+    let per = |num: fn(&Counters) -> f64, den: fn(&Counters) -> f64| {
+        w.median(who, |c| num(&c) / den(&c).max(1.0))
+    };
+    let ms = |v: f64| v * 1e3;
+    let request = ms(per(|c| c.request_s, |c| c.requests));
+    let queued = ms(per(|c| c.queue_s, |c| c.requests));
+    let tokenize = ms(per(|c| c.tokenize_s, |c| c.requests));
+    let batch = ms(per(|c| c.inference_s, |c| c.batches));
+    let busy = median(
+        w.of(who)
+            .iter()
+            .filter_map(|m| Some(m.counters?.inference_s / m.wall.as_secs_f64()))
+            .collect(),
+    );
+    format!(
+        "| {} | {:.0} | {request:.1} | {queued:.1} | {tokenize:.1} | {batch:.1} | {:.1} | {:.0}% | \
+         {:.2} | {:.0} |\n",
+        w.name(),
+        w.median(who, |c| c.requests),
+        request - queued - tokenize - batch,
+        100.0 * busy,
+        per(|c| c.batch_traces, |c| c.batches),
+        per(|c| c.computed, |c| c.batches),
+    )
 }
 
 /// Whether a target the flags gave is met.
@@ -141,12 +206,12 @@ fn speed_notes(w: &WorkloadRuns, targets: &Targets) -> Vec<String> {
     let mut notes = Vec::new();
     let (base, cache) = (w.secs(Who::NoReuse), w.secs(Who::Cache));
     match w.kind {
-        Kind::Tree | Kind::BestOfN => {
+        Kind::Tree | Kind::BestOfN | Kind::Beam => {
             let bound = w.bound();
             let share = (base / cache) / bound;
             let head = format!(
                 "{}: {:.0}% of the token bound ({:.2}x of {bound:.2}x",
-                w.kind.name(),
+                w.name(),
                 100.0 * share,
                 base / cache,
             );
@@ -157,7 +222,8 @@ fn speed_notes(w: &WorkloadRuns, targets: &Targets) -> Vec<String> {
             if w.kind == Kind::Tree && !w.of(Who::Llama).is_empty() {
                 let vs = w.secs(Who::Llama) / cache;
                 notes.push(format!(
-                    "tree search: {vs:.2}x llama-server's per-step procedure{}",
+                    "{}: {vs:.2}x llama-server's per-step procedure{}",
+                    w.name(),
                     verdict(targets.target_speedup, |t| format!("{t}x"), |t| vs >= t)
                 ));
             }
