@@ -154,11 +154,12 @@ fn rows(w: &WorkloadRuns) -> String {
 }
 
 const PROFILE_HEAD: &str = "Where a request's time goes on the prefix cache server (medians over \
-rounds, per request: its whole time in the server, the queue before the model, the batch it ran in \
-and what is left, formatting, the read-out and the answer; the model's busy share of the run; \
-traces and tokens computed per batch):\n\n\
-| workload | requests | ms in server | ms queued | ms tokenizing | ms its batch ran | ms left | model busy | traces / batch | tokens computed / batch |\n\
-|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+rounds; per request: its whole time in the server, its wait before the model, its tokenizing; \
+per forward: its mean time, over the forwards, which weighs a small batch as much as a large one \
+that holds more of the requests; the model's busy share of the run; traces and tokens computed \
+per forward):\n\n\
+| workload | requests | ms in server | ms queued | ms tokenizing | ms a forward | model busy | traces / forward | tokens computed / forward |\n\
+|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
 
 /// The cache server's time per request for one workload.
 fn profile_row(w: &WorkloadRuns) -> String {
@@ -178,11 +179,10 @@ fn profile_row(w: &WorkloadRuns) -> String {
             .collect(),
     );
     format!(
-        "| {} | {:.0} | {request:.1} | {queued:.1} | {tokenize:.1} | {batch:.1} | {:.1} | {:.0}% | \
-         {:.2} | {:.0} |\n",
+        "| {} | {:.0} | {request:.1} | {queued:.1} | {tokenize:.1} | {batch:.1} | {:.0}% | {:.2} | \
+         {:.0} |\n",
         w.name(),
         w.median(who, |c| c.requests),
-        request - queued - tokenize - batch,
         100.0 * busy,
         per(|c| c.batch_traces, |c| c.batches),
         per(|c| c.computed, |c| c.batches),
