@@ -9,14 +9,28 @@ use std::path::Path;
 
 use std::process::Command;
 
-/// The numbers of a table row, by its label; `–` cells are skipped.
+/// The numbers of a table row, by its label (its first cells, `|`-separated); `–` cells are
+/// skipped.
 fn row(table: &str, label: &str) -> Vec<f64> {
     let line = table
         .lines()
         .find(|l| l.starts_with(&format!("| {label} |")))
         .unwrap_or_else(|| panic!("no row {label:?} in:\n{table}"));
+    numbers(line, label)
+}
+
+/// The numbers of the last row so labelled (a later table's).
+fn last_row(table: &str, label: &str) -> Vec<f64> {
+    let line = table
+        .lines()
+        .rfind(|l| l.starts_with(&format!("| {label} |")))
+        .unwrap_or_else(|| panic!("no row {label:?} in:\n{table}"));
+    numbers(line, label)
+}
+
+fn numbers(line: &str, label: &str) -> Vec<f64> {
     line.split('|')
-        .skip(2)
+        .skip(2 + label.matches('|').count())
         .map(|c| c.trim().trim_end_matches(['%', 'x']))
         .filter(|c| !c.is_empty() && *c != "–")
         .map(|c| {
@@ -92,4 +106,53 @@ fn bench_prints_the_table_and_writes_the_plot() {
     assert!(plot.starts_with("<svg") && plot.contains("batch 2") && plot.contains("64 tokens"));
     assert_eq!(std::fs::read_to_string(&out).unwrap().trim(), stdout.trim());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The reuse workloads that search: beam search and tree search at two caller counts, each on
+/// the three servers the bench starts, with where the cache server's time went. The prefix
+/// cache must reuse what a search scored a moment before, and no-reuse must reuse nothing.
+#[test]
+fn the_searches_run_at_each_callers_count_and_the_cache_reuses_their_prefixes() {
+    let model = Path::new(crate::common::REPO).join("tests/fixtures/tiny/chat-lm");
+    let bon = Path::new(crate::common::REPO).join("bench/best-of-n.jsonl");
+    let o = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args(["bench", "--no-llama", "--workload", "beam,tree"])
+        .args(["--callers", "1,2", "--limit", "1", "--rounds", "1"])
+        .arg("--model")
+        .arg(&model)
+        .arg("--bon-data")
+        .arg(&bon)
+        .arg("--data")
+        .arg(common::processbench("gsm8k"))
+        .output()
+        .expect("run retrace bench");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "retrace bench failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for workload in ["beam search", "tree search"] {
+        for callers in [1, 2] {
+            let name = match callers {
+                1 => format!("{workload}, 1 caller"),
+                n => format!("{workload}, {n} callers"),
+            };
+            // seconds, tokens computed, tokens reused, speed-up[, bound, share of bound]
+            let cache = row(&stdout, &format!("{name} | retrace, prefix cache"));
+            assert!(cache[1] > 0.0 && cache[2] > cache[1], "{name}: {cache:?}");
+            let none = row(&stdout, &format!("{name} | retrace, no reuse"));
+            assert_eq!(none[2], 0.0, "{name}: {none:?}");
+            // The cache computed fewer tokens for the same work.
+            assert!(cache[1] < none[1], "{name}: {cache:?} against {none:?}");
+            // requests, ms in server, queued, tokenizing, a forward, busy, traces, tokens
+            let profile = last_row(&stdout, &name);
+            assert!(profile[0] >= 2.0 && profile[1] > 0.0, "{name}: {profile:?}");
+            assert!(profile[6] >= 1.0 && profile[7] > 0.0, "{name}: {profile:?}");
+        }
+    }
+    assert!(
+        stdout.contains("beam search, 2 callers: "),
+        "a note on beam search's share of its bound:\n{stdout}"
+    );
 }

@@ -197,7 +197,7 @@ async fn measure(
                 let counters = run_one(who, callers, contenders, &jobs, &traces).await?;
                 let wall = started.elapsed();
                 eprintln!(
-                    "bench: {} ({callers} callers) round {round} {:>30} {:7.2} s",
+                    "bench: {} ({callers} in flight) round {round} {:>30} {:7.2} s",
                     kind.name(),
                     who.name(),
                     wall.as_secs_f64()

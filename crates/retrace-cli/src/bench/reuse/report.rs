@@ -36,7 +36,8 @@ impl WorkloadRuns<'_> {
 
     /// The workload and its callers, as the table and the notes name them.
     fn name(&self) -> String {
-        format!("{}, {} callers", self.kind.name(), self.callers)
+        let s = if self.callers == 1 { "" } else { "s" };
+        format!("{}, {} caller{s}", self.kind.name(), self.callers)
     }
 
     /// Median seconds of a contender.
