@@ -12,9 +12,9 @@ use super::reads::ReadOut;
 use super::rope::Angles;
 use crate::config::ModelConfig;
 use crate::kernels::{Kernels, add_rms_norm, silu_mul, silu_mul_joined};
-use crate::layers::{Lin, linear};
+use crate::layers::{Dense, Lin, linear};
 use candle_core::{D, Module, Result, Tensor};
-use candle_nn::{Linear, RmsNorm, VarBuilder};
+use candle_nn::{RmsNorm, VarBuilder};
 
 pub(super) struct Layer {
     input_layernorm: RmsNorm,
@@ -54,7 +54,7 @@ const MLP_ROWS: usize = 2048;
 /// fused kernels multiply once and read half by half; `gate_proj` and `up_proj` are then views
 /// of its two halves (no second copy), what candle's ops run.
 struct Mlp {
-    gate_up: Option<Linear>,
+    gate_up: Option<Dense>,
     gate_proj: Lin,
     up_proj: Lin,
     down_proj: Lin,
@@ -69,21 +69,17 @@ impl Mlp {
         Ok(match (&gate_proj, &up_proj) {
             (Lin::Full(g), Lin::Full(u)) if g.bias().is_some() == u.bias().is_some() => {
                 let join = |a: &Tensor, b: &Tensor| Tensor::cat(&[a, b], 0);
-                let w = join(g.weight(), u.weight())?;
+                let w = join(&g.weight()?, &u.weight()?)?;
                 let b = g
                     .bias()
                     .zip(u.bias())
                     .map(|(a, b)| join(a, b))
                     .transpose()?;
-                let half = |t: &Tensor, at: usize| t.narrow(0, at, i);
-                let view = |at| -> Result<Lin> {
-                    let b = b.as_ref().map(|b| half(b, at)).transpose()?;
-                    Ok(Lin::Full(Linear::new(half(&w, at)?, b)))
-                };
+                let gate_up = Dense::new(w, b)?;
                 Self {
-                    gate_proj: view(0)?,
-                    up_proj: view(i)?,
-                    gate_up: Some(Linear::new(w, b)),
+                    gate_proj: Lin::Full(gate_up.outputs(0, i)?),
+                    up_proj: Lin::Full(gate_up.outputs(i, i)?),
+                    gate_up: Some(gate_up),
                     down_proj,
                 }
             }
@@ -230,7 +226,7 @@ mod tests {
         let w = |o: usize, k: usize, seed| tensor(&[o, k], seed, 0.5);
         let lin = |o, k, seed, quantized: bool| {
             if !quantized {
-                return Lin::Full(Linear::new(w(o, k, seed), None));
+                return Lin::Full(Dense::new(w(o, k, seed), None).unwrap());
             }
             let q = QTensor::quantize(&w(o, k, seed), GgmlDType::Q4_1).unwrap();
             Lin::quant(q, None).unwrap()
