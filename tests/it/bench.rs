@@ -12,23 +12,31 @@ use std::process::Command;
 /// The numbers of a table row, by its label (its first cells, `|`-separated); `–` cells are
 /// skipped.
 fn row(table: &str, label: &str) -> Vec<f64> {
-    let line = table
-        .lines()
-        .find(|l| l.starts_with(&format!("| {label} |")))
-        .unwrap_or_else(|| panic!("no row {label:?} in:\n{table}"));
-    numbers(line, label)
+    numbers(table.lines().find(|l| labelled(l, label)), table, label)
 }
 
 /// The numbers of the last row so labelled (a later table's).
 fn last_row(table: &str, label: &str) -> Vec<f64> {
-    let line = table
-        .lines()
-        .rfind(|l| l.starts_with(&format!("| {label} |")))
-        .unwrap_or_else(|| panic!("no row {label:?} in:\n{table}"));
-    numbers(line, label)
+    numbers(table.lines().rfind(|l| labelled(l, label)), table, label)
 }
 
-fn numbers(line: &str, label: &str) -> Vec<f64> {
+/// A bench run's standard output, after checking that it succeeded.
+fn succeeded(o: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "retrace bench failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+fn labelled(line: &str, label: &str) -> bool {
+    line.starts_with(&format!("| {label} |"))
+}
+
+fn numbers(line: Option<&str>, table: &str, label: &str) -> Vec<f64> {
+    let line = line.unwrap_or_else(|| panic!("no row {label:?} in:\n{table}"));
     line.split('|')
         .skip(2 + label.matches('|').count())
         .map(|c| c.trim().trim_end_matches(['%', 'x']))
@@ -67,12 +75,7 @@ fn bench_prints_the_table_and_writes_the_plot() {
         .arg(&out)
         .output()
         .expect("run retrace bench");
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "retrace bench failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let stdout = succeeded(&o);
     assert!(
         stdout.contains("| | retrace c=1 | retrace c=2 |"),
         "header:\n{stdout}"
@@ -126,12 +129,7 @@ fn the_searches_run_at_each_callers_count_and_the_cache_reuses_their_prefixes() 
         .arg(common::processbench("gsm8k"))
         .output()
         .expect("run retrace bench");
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "retrace bench failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let stdout = succeeded(&o);
     for workload in ["beam search", "tree search"] {
         for callers in [1, 2] {
             let name = match callers {

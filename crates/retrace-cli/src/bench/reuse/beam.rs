@@ -7,7 +7,7 @@
 //! step; which beams survive depends on the scores, so each depth waits for the one before.
 
 use super::super::grpc::again_if_cut;
-use super::jobs::{Candidates, evaluate};
+use super::source::{Candidates, evaluate};
 use anyhow::Context;
 use retrace::pb;
 use tonic::transport::Channel;

@@ -2,48 +2,12 @@
 //! Ranks, the RL burst and beam searches, every question opening with the round's marker.
 
 use super::beam;
+use super::source::{evaluate, read_candidates};
 use super::{BenchOptions, BenchTrace, Kind, ReuseJob, Workload};
 use crate::common::read_records;
-use anyhow::{Context, bail};
+use anyhow::bail;
 use retrace::pb;
 use std::path::{Path, PathBuf};
-
-/// A Best-of-N line: the instruction every candidate follows, the question, the candidates.
-#[derive(serde::Deserialize)]
-pub(super) struct Candidates {
-    pub(super) instruction: String,
-    pub(super) question: String,
-    pub(super) candidates: Vec<String>,
-}
-
-fn read_candidates(path: &Path) -> anyhow::Result<Vec<Candidates>> {
-    let text = std::fs::read_to_string(path).with_context(|| {
-        format!(
-            "reading {} (scripts/bench/make-best-of-n.sh writes it)",
-            path.display()
-        )
-    })?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| format!("{}: line {}", path.display(), i + 1))
-        })
-        .collect()
-}
-
-/// A trace with its steps; traces of fewer than two steps are left out of tree search.
-pub(super) fn evaluate(question: String, steps: Vec<String>) -> pb::EvaluateRequest {
-    pb::EvaluateRequest {
-        evaluator: "bench".into(),
-        trace: Some(pb::Trace {
-            question,
-            steps,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
 
 /// The workload's jobs for one round (questions opening with `marker`), and for tree search
 /// the same traces for llama-server.

@@ -14,6 +14,7 @@ mod beam;
 mod jobs;
 mod report;
 mod scrape;
+mod source;
 
 use super::grpc::again_if_cut;
 use super::llama::LlamaServer;
