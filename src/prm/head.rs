@@ -66,13 +66,6 @@ pub struct HeadConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layers(pub Vec<Vec<usize>>);
 
-impl Layers {
-    /// One group, averaged.
-    pub fn mean(layers: Vec<usize>) -> Self {
-        Self(vec![layers])
-    }
-}
-
 impl std::fmt::Display for Layers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0.as_slice() {

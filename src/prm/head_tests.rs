@@ -67,7 +67,7 @@ fn the_contracts_example_parses_and_round_trips() {
     let one = serde_json::to_value(
         HeadConfig::read(&dir)
             .map(|mut c| {
-                c.layers = Layers::mean(vec![3, 4]);
+                c.layers = Layers(vec![vec![3, 4]]);
                 c
             })
             .unwrap(),

@@ -74,22 +74,13 @@ impl Dense {
     }
 }
 
+/// `x` is (rows, in): the decoder's stream is packed rows, never batched (a higher rank is
+/// refused by the matmul, not guessed at).
 impl Module for Dense {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let wt = match self.transposed {
-            true => self.w.clone(),
-            false => self.w.t()?,
-        };
-        let (in_dim, out_dim) = wt.dims2()?;
-        let y = match x.rank() {
-            2 => x.matmul(&wt)?,
-            _ => {
-                let mut dims = x.dims().to_vec();
-                let rows = x.elem_count() / in_dim.max(1);
-                let y = x.reshape((rows, in_dim))?.matmul(&wt)?;
-                *dims.last_mut().expect("rank >= 1") = out_dim;
-                y.reshape(dims)?
-            }
+        let y = match self.transposed {
+            true => x.matmul(&self.w)?,
+            false => x.matmul(&self.w.t()?)?,
         };
         match &self.b {
             Some(b) => y.broadcast_add(b),

@@ -1,7 +1,7 @@
 //! Beam search as search-and-learn runs it with a PRM: at each depth every kept beam is
 //! extended by several candidate next steps, all of them are scored at once, and the best
 //! `WIDTH` by their last step's score are kept. The candidate steps come from the Best-of-N
-//! file's sampled solutions (split at blank lines, as the server splits a trace's text): a beam
+//! file's sampled solutions (split into steps as the server splits a trace's text): a beam
 //! that ended on solution s continues with step d of s and of `EXPAND - 1` other solutions.
 //! Every request is a kept prefix plus one new step, so the prefix cache serves all but the
 //! step; which beams survive depends on the scores, so each depth waits for the one before.
@@ -48,13 +48,19 @@ pub(super) fn jobs(candidates: &[Candidates], marker: &str, callers: usize) -> V
         .collect()
 }
 
-/// A solution's steps: its paragraphs.
+/// A solution's steps, as the server splits a trace's text.
 fn steps_of(text: &str) -> Vec<String> {
-    text.split("\n\n")
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
+    retrace::segment(text)
+        .into_iter()
+        .map(|r| text[r].to_string())
         .collect()
+}
+
+/// Adds `next` unless a beam with the same steps is there already.
+fn push_new(out: &mut Vec<Beam>, next: Beam) {
+    if !out.iter().any(|o| o.steps == next.steps) {
+        out.push(next);
+    }
 }
 
 impl BeamJob {
@@ -71,10 +77,7 @@ impl BeamJob {
                 };
                 let mut steps = b.steps.clone();
                 steps.push(step.clone());
-                let next = Beam { steps, source };
-                if !out.iter().any(|o| o.steps == next.steps) {
-                    out.push(next);
-                }
+                push_new(&mut out, Beam { steps, source });
             }
         }
         out
@@ -113,13 +116,14 @@ impl BeamJob {
         let mut out: Vec<Beam> = Vec::new();
         for b in starts {
             if let Some(step) = self.solutions[b.source].first() {
-                let next = Beam {
-                    steps: vec![step.clone()],
-                    source: b.source,
-                };
-                if !out.iter().any(|o| o.steps == next.steps) {
-                    out.push(next);
-                }
+                let steps = vec![step.clone()];
+                push_new(
+                    &mut out,
+                    Beam {
+                        steps,
+                        source: b.source,
+                    },
+                );
             }
         }
         out
