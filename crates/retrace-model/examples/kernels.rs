@@ -1,10 +1,12 @@
 //! The fused CPU kernels against candle's ops, side by side in one run: a whole forward pass
-//! (tokens/s for 64 rows of 8 tokens, one of 512 and one of 2,048, in alternating rounds), the
-//! per-token cost at 2,048 against 512, each kernel alone, and the forward's useful GFLOP/s as
-//! a share of this machine's f32 matmul peak, measured in the same run.
+//! (tokens/s for 64 rows of 8 tokens and one row of 512, 2,048 and 4,096, in alternating
+//! rounds), the per-token cost of the long rows against 512 beside their FLOP floor, each kernel
+//! alone, and the forward's useful GFLOP/s as a share of this machine's f32 matmul peak,
+//! measured in the same run.
 //!
 //! `cargo run --release -p retrace-model --example kernels -- [--model DIR] [--rounds N]
-//! [--only fused|candle]` (`--only`: one kernel set's forwards and nothing else, to profile).
+//! [--only fused|candle] [--len N]` (`--only`: one kernel set's forwards of one row of `--len`
+//! tokens, 2,048 unless given, and nothing else, to profile).
 //!
 //! DIR is a Hugging Face folder (f32 safetensors). Without one, a SmolLM2-135M folder under
 //! `~/.cache/retrace/` is used when there is one, else a random-weight model of SmolLM2-135M's
@@ -58,7 +60,8 @@ fn main() -> Res<()> {
         };
         let (dir, _) = find_or_make()?;
         let model = PrmModel::load(&dir, HeadSpec::States, &Device::Cpu, DType::F32)?;
-        return profile(model.with_kernels(k)?, read_shape(&dir)?, rounds);
+        let len: usize = flag("--len").map_or(Ok(2048), |r| r.parse())?;
+        return profile(model.with_kernels(k)?, read_shape(&dir)?, rounds, len);
     }
     let (dir, what) = match flag("--model") {
         Some(d) => (PathBuf::from(d), "the model given".to_string()),
@@ -75,9 +78,17 @@ fn main() -> Res<()> {
     let peak = matmul_peak()?;
     let model = PrmModel::load(&dir, HeadSpec::States, &Device::Cpu, DType::F32)?;
     let per_token = forwards(model, shape, rounds, peak)?;
-    println!("\nper-token cost, 2048 tokens vs 512:");
-    for (k, (t512, t2048)) in ["Candle", "Fused"].iter().zip(per_token) {
-        println!("  {k:<6}  {:.3}x", t2048 / t512);
+    // The floor: a long row's FLOPs per token against 512's (attention sees more keys).
+    let flops_per_token = |len: usize| forward_flops(shape, 1, len) / len as f64;
+    println!("\nper-token cost against a row of 512 (FLOP floor: the FLOPs per token's ratio):");
+    println!(
+        "  {:<7} {:>8} {:>8} {:>8}",
+        "tokens", "floor", "Candle", "Fused"
+    );
+    for (i, len) in [2048, 4096].into_iter().enumerate() {
+        let floor = flops_per_token(len) / flops_per_token(512);
+        let [c, f] = per_token.map(|t| t[i + 1] / t[0]);
+        println!("  {len:<7} {floor:>7.3}x {c:>7.3}x {f:>7.3}x");
     }
     println!();
     kernels_alone(shape)?;
@@ -85,12 +96,13 @@ fn main() -> Res<()> {
 }
 
 /// Times every batch with both kernel sets, alternating, and prints tokens/s; returns each
-/// set's seconds per token at 512 and at 2,048 tokens.
-fn forwards(mut model: PrmModel, s: Shape, rounds: usize, peak: f64) -> Res<[(f64, f64); 2]> {
+/// set's seconds per token at 512, 2,048 and 4,096 tokens.
+fn forwards(mut model: PrmModel, s: Shape, rounds: usize, peak: f64) -> Res<[[f64; 3]; 2]> {
     let batches = [
         ("64 x 8", 64, 8),
         ("1 x 512", 1, 512),
         ("1 x 2048", 1, 2048),
+        ("1 x 4096", 1, 4096),
     ];
     let sets = [Kernels::Candle, Kernels::Fused];
     let mut times = vec![[Vec::new(), Vec::new()]; batches.len()];
@@ -118,7 +130,7 @@ fn forwards(mut model: PrmModel, s: Shape, rounds: usize, peak: f64) -> Res<[(f6
         "  {:<9} {:>13} {:>13} {:>7} {:>14} {:>14}",
         "batch", "Candle tok/s", "Fused tok/s", "ratio", "Candle GFLOP/s", "Fused GFLOP/s"
     );
-    let mut per_token = [(0.0, 0.0); 2];
+    let mut per_token = [[0.0; 3]; 2];
     for (b, &(name, rows, len)) in batches.iter().enumerate() {
         let [c, f] = [median(&times[b][0]), median(&times[b][1])];
         let tokens = (rows * len) as f64;
@@ -135,23 +147,22 @@ fn forwards(mut model: PrmModel, s: Shape, rounds: usize, peak: f64) -> Res<[(f6
             100.0 * rate(f) / peak
         );
         for (i, t) in [c, f].into_iter().enumerate() {
-            match len {
-                512 => per_token[i].0 = t / tokens,
-                2048 => per_token[i].1 = t / tokens,
-                _ => {}
+            if rows == 1 {
+                per_token[i][b - 1] = t / tokens;
             }
         }
     }
     Ok(per_token)
 }
 
-/// `rounds` forwards of 2,048 tokens with the model's kernel set, for a profiler.
-fn profile(model: PrmModel, s: Shape, rounds: usize) -> Res<()> {
-    let ids = random_ids(2048, 0, s.vocab);
+/// `rounds` forwards of one row of `len` tokens with the model's kernel set, for a profiler.
+fn profile(model: PrmModel, s: Shape, rounds: usize, len: usize) -> Res<()> {
+    let ids = random_ids(len, 0, s.vocab);
     for _ in 0..rounds {
         let t = Instant::now();
-        model.states(&[&ids], &[&[2047]], &[s.layers])?;
-        println!("1 x 2048: {:.0} tok/s", 2048.0 / t.elapsed().as_secs_f64());
+        model.states(&[&ids], &[&[len - 1]], &[s.layers])?;
+        let rate = len as f64 / t.elapsed().as_secs_f64();
+        println!("1 x {len}: {rate:.0} tok/s");
     }
     Ok(())
 }

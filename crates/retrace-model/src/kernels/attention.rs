@@ -5,14 +5,12 @@
 //! come from runs (the packed stream, or the prefix cache's tensors) in place.
 
 use super::exp::exp;
-use super::simd::simd_fn;
+use super::simd::{Mac, simd_fn};
 use rayon::prelude::*;
 
 /// Keys per block: the bookkeeping (gathering, masking, the softmax's max) is per block, so
 /// larger blocks amortize it; 64 measured faster than 32 at 512 and 2,048 keys.
 const BK: usize = 64;
-/// Keys per score tile row: two AVX-512 (four AVX2) registers, so R rows fit in registers.
-const TILE: usize = 32;
 /// Query rows per score tile.
 const R: usize = 4;
 /// Queries per task: a task's key blocks are gathered once for all its rows.
@@ -163,6 +161,7 @@ impl Block<'_> {
         for j0 in (k_lo..k_hi).step_by(BK) {
             let j1 = (j0 + BK).min(k_hi);
             gather(self.group.runs, kv, hd, j0, j1, &mut sc.kt, &mut sc.vb);
+            let (kt, vb) = (&sc.kt[..], &sc.vb[..]);
             for t0 in (0..rows).step_by(R) {
                 let tile: [usize; R] = std::array::from_fn(|i| (t0 + i).min(rows - 1));
                 // Positions ascend with rows: past the tile's last query's key range, or
@@ -171,24 +170,32 @@ impl Block<'_> {
                     continue;
                 }
                 let qs: [&[f32]; R] = std::array::from_fn(|i| q_row(tile[i]));
-                scores(&qs, &sc.kt, &mut sc.s);
-                let mut alpha = [1f32; R];
-                let (mut lo_all, mut hi_all) = (BK, 0);
-                for (i, &r) in tile.iter().enumerate() {
-                    let p = self.pos(r, group);
+                scores(&qs, kt, &mut sc.s);
+                // Each row's keys in this block; a padding row, or one that sees none of
+                // them, gets an empty range and stays as it was.
+                let keys: [(usize, usize); R] = std::array::from_fn(|i| {
+                    let p = self.pos(tile[i], group);
                     let lo = d.first_key(p).max(j0) - j0;
                     let hi = (p + 1).min(j1).saturating_sub(j0);
-                    if i >= rows - t0 || lo >= hi {
-                        // A padding row, or one that sees none of these keys: unchanged.
-                        sc.s[i] = [0.0; BK];
-                        continue;
+                    if i < rows - t0 && lo < hi {
+                        (lo, hi)
+                    } else {
+                        (0, 0)
                     }
-                    let state = (&mut sc.m[r], &mut sc.l[r]);
-                    softmax_step(&mut sc.s[i], lo, hi, state, &mut alpha[i]);
-                    (lo_all, hi_all) = (lo_all.min(lo), hi_all.max(hi));
+                });
+                let mut m: [f32; R] = std::array::from_fn(|i| sc.m[tile[i]]);
+                let mut l: [f32; R] = std::array::from_fn(|i| sc.l[tile[i]]);
+                let mut alpha = [1f32; R];
+                softmax_tile(&mut sc.s, &keys, (&mut m, &mut l), &mut alpha);
+                let (mut lo_all, mut hi_all) = (BK, 0);
+                for (i, &(lo, hi)) in keys.iter().enumerate() {
+                    if lo < hi {
+                        (sc.m[t0 + i], sc.l[t0 + i]) = (m[i], l[i]);
+                        (lo_all, hi_all) = (lo_all.min(lo), hi_all.max(hi));
+                    }
                 }
                 let acc = &mut sc.acc[t0 * hd..(t0 + R) * hd];
-                weigh_values(&sc.s, &alpha, (lo_all, hi_all), &sc.vb, acc);
+                weigh_values(&sc.s, &alpha, (lo_all, hi_all), vb, acc);
             }
         }
         for r in 0..rows {
@@ -198,6 +205,212 @@ impl Block<'_> {
                 *o = a * inv;
             }
         }
+    }
+}
+
+simd_fn! {
+    /// The score tile `s` = `q` (R rows of hd) times `kt` (hd x BK), `M::TILE` keys at a
+    /// time: each query element broadcast against a row of keys, the R rows' sums held in
+    /// registers.
+    fn scores<M>(q: &[&[f32]; R], kt: &[f32], s: &mut [[f32; BK]; R]) {
+        for t in (0..BK).step_by(M::TILE) {
+            match M::TILE {
+                64 => score_cols::<M, 64>(q, kt, t, s),
+                16 => score_cols::<M, 16>(q, kt, t, s),
+                _ => score_cols::<M, 8>(q, kt, t, s),
+            }
+        }
+    }
+}
+
+/// Columns `t..t + W` of the score tile (W divides BK): R x W sums in registers across hd.
+#[inline(always)]
+fn score_cols<M: Mac, const W: usize>(
+    q: &[&[f32]; R],
+    kt: &[f32],
+    t: usize,
+    s: &mut [[f32; BK]; R],
+) {
+    let hd = kt.len() / BK;
+    // Sliced to hd, so the loop below indexes them without checks.
+    let q: [&[f32]; R] = std::array::from_fn(|r| &q[r][..hd]);
+    let mut acc = [[0f32; W]; R];
+    for d in 0..hd {
+        let k = &kt[d * BK + t..d * BK + t + W];
+        for r in 0..R {
+            let qd = q[r][d];
+            for j in 0..W {
+                acc[r][j] = M::mac(qd, k[j], acc[r][j]);
+            }
+        }
+    }
+    for r in 0..R {
+        s[r][t..t + W].copy_from_slice(&acc[r]);
+    }
+}
+
+simd_fn! {
+    /// The online-softmax step of a tile's rows over the block's keys: row i sees keys
+    /// `keys[i]` (an empty range: none, and the row is left as it was). A row's scores become
+    /// the weights e^(s - new max) (0 where masked), `alpha` the factor its accumulator is
+    /// rescaled by, and its running max and sum (`state`) move.
+    fn softmax_tile<M>(
+        s: &mut [[f32; BK]; R],
+        keys: &[(usize, usize); R],
+        state: (&mut [f32; R], &mut [f32; R]),
+        alpha: &mut [f32; R],
+    ) {
+        let (m, l) = state;
+        for i in 0..R {
+            let (lo, hi) = keys[i];
+            if lo >= hi {
+                s[i] = [0.0; BK];
+                continue;
+            }
+            softmax_row::<M>(&mut s[i], (lo, hi), (&mut m[i], &mut l[i]), &mut alpha[i]);
+        }
+    }
+}
+
+/// One row of `softmax_tile`, over keys `lo..hi` (not empty). Fixed-width loops, so the max
+/// and the exponentials run a vector at a time.
+#[inline(always)]
+fn softmax_row<M: Mac>(
+    s: &mut [f32; BK],
+    (lo, hi): (usize, usize),
+    (m, l): (&mut f32, &mut f32),
+    alpha: &mut f32,
+) {
+    if lo > 0 || hi < BK {
+        // Only the blocks at a row's diagonal or window edge are cut.
+        s[..lo].fill(f32::NEG_INFINITY);
+        s[hi..].fill(f32::NEG_INFINITY);
+    }
+    let m_new = row_max::<M>(s, *m);
+    // exp(-inf) is 0: a row's first block scales its zero accumulator by 0.
+    *alpha = exp::<M>(*m - m_new);
+    let mut sum = [0f32; 16];
+    for c in s.chunks_exact_mut(16) {
+        // Loops, not `array::from_fn`: a closure does not inherit the copy's target
+        // features, and where it is not inlined (unoptimised callers, many codegen units)
+        // its multiply-adds become libm calls.
+        let mut e = [0f32; 16];
+        for i in 0..16 {
+            e[i] = exp::<M>(c[i] - m_new);
+        }
+        c.copy_from_slice(&e);
+        for i in 0..16 {
+            sum[i] += e[i];
+        }
+    }
+    *l = *l * *alpha + sum.iter().sum::<f32>();
+    *m = m_new;
+}
+
+simd_fn! {
+    /// `acc` (R rows of hd) = `acc` * `alpha` + `p` (R x BK weights) times the block's values
+    /// `vb` (BK x hd) at keys `lo..hi`, `M::TILE` output lanes of all R rows at a time (then 8,
+    /// then one), held in registers across the keys; each value vector loaded serves R rows.
+    fn weigh_values<M>(
+        p: &[[f32; BK]; R],
+        alpha: &[f32; R],
+        keys: (usize, usize),
+        vb: &[f32],
+        acc: &mut [f32],
+    ) {
+        let hd = acc.len() / R;
+        let mut c = 0;
+        while c + M::TILE <= hd {
+            match M::TILE {
+                64 => weigh_cols::<M, 64>(p, alpha, keys, vb, acc, c),
+                16 => weigh_cols::<M, 16>(p, alpha, keys, vb, acc, c),
+                _ => weigh_cols::<M, 8>(p, alpha, keys, vb, acc, c),
+            }
+            c += M::TILE;
+        }
+        while c + 8 <= hd {
+            weigh_cols::<M, 8>(p, alpha, keys, vb, acc, c);
+            c += 8;
+        }
+        let (lo, hi) = keys;
+        for r in 0..R {
+            for d in c..hd {
+                let mut x = acc[r * hd + d] * alpha[r];
+                for j in lo..hi {
+                    x = M::mac(p[r][j], vb[j * hd + d], x);
+                }
+                acc[r * hd + d] = x;
+            }
+        }
+    }
+}
+
+/// The largest of `s` and `m`. A comparison, not `f32::max`, whose NaN rule keeps loops
+/// scalar: a NaN score is passed over here, as `max` did, and reaches the output through its
+/// weight. On AVX-512 it is written out in intrinsics: LLVM vectorizes the loop below across
+/// the tile's unrolled rows instead of along a row, in quarter-width pieces.
+#[inline(always)]
+fn row_max<M: Mac>(s: &[f32; BK], m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if M::TILE == 64 {
+        // SAFETY: a tile of 64 lanes is the AVX-512 copy's (`simd_fn!`), which runs only on a
+        // CPU with AVX-512F.
+        return unsafe { row_max_avx512(s, m) };
+    }
+    let mut top = f32::NEG_INFINITY;
+    for &x in s {
+        top = if x > top { x } else { top };
+    }
+    if top > m { top } else { m }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn row_max_avx512(s: &[f32; BK], m: f32) -> f32 {
+    use std::arch::x86_64::{_mm512_loadu_ps, _mm512_max_ps, _mm512_reduce_max_ps};
+    let at = |k: usize| {
+        // SAFETY: 16 lanes from `k`, and `k` + 16 <= BK.
+        unsafe { _mm512_loadu_ps(s[k..k + 16].as_ptr()) }
+    };
+    let mut t = at(0);
+    for k in (16..BK).step_by(16) {
+        // A lane's NaN is the first operand's, so it is passed over (as above).
+        t = _mm512_max_ps(at(k), t);
+    }
+    let top = _mm512_reduce_max_ps(t);
+    if top > m { top } else { m }
+}
+
+/// Output lanes `c..c + W` of `weigh_values`: R x W sums in registers across the keys.
+#[inline(always)]
+fn weigh_cols<M: Mac, const W: usize>(
+    p: &[[f32; BK]; R],
+    alpha: &[f32; R],
+    (lo, hi): (usize, usize),
+    vb: &[f32],
+    acc: &mut [f32],
+    c: usize,
+) {
+    let hd = acc.len() / R;
+    let hi = hi.min(BK);
+    let mut a = [[0f32; W]; R];
+    for r in 0..R {
+        for i in 0..W {
+            a[r][i] = acc[r * hd + c + i] * alpha[r];
+        }
+    }
+    for j in lo..hi {
+        let v = &vb[j * hd + c..j * hd + c + W];
+        for r in 0..R {
+            let w = p[r][j];
+            for i in 0..W {
+                a[r][i] = M::mac(w, v[i], a[r][i]);
+            }
+        }
+    }
+    for r in 0..R {
+        acc[r * hd + c..r * hd + c + W].copy_from_slice(&a[r]);
     }
 }
 
@@ -224,119 +437,6 @@ fn gather(
                 kt[d * BK + j] = k;
             }
             vb[j * hd..(j + 1) * hd].copy_from_slice(&run.v[row..row + hd]);
-        }
-    }
-}
-
-simd_fn! {
-    /// The score tile `s` = `q` (R rows of hd) times `kt` (hd x BK), TILE keys at a time:
-    /// each query element broadcast against a row of TILE keys, the R x TILE sums held in
-    /// registers (eight AVX-512 or sixteen AVX2 ones).
-    fn scores<M>(q: &[&[f32]; R], kt: &[f32], s: &mut [[f32; BK]; R]) {
-        for t in (0..BK).step_by(TILE) {
-            let mut acc = [[0f32; TILE]; R];
-            for (d, k) in kt.chunks_exact(BK).enumerate() {
-                let k = &k[t..t + TILE];
-                for r in 0..R {
-                    let qd = q[r][d];
-                    for j in 0..TILE {
-                        acc[r][j] = M::mac(qd, k[j], acc[r][j]);
-                    }
-                }
-            }
-            for r in 0..R {
-                s[r][t..t + TILE].copy_from_slice(&acc[r]);
-            }
-        }
-    }
-}
-
-simd_fn! {
-    /// One query row's online-softmax step over the block's keys `lo..hi` (scores `s`; the
-    /// rest masked): `s` becomes the weights e^(s - new max) (0 where masked), `alpha` the
-    /// factor the row's accumulator is rescaled by, and the running max `m` and sum `l` move.
-    /// Fixed-width loops, so the exponentials run a vector at a time.
-    fn softmax_step<M>(
-        s: &mut [f32; BK],
-        lo: usize,
-        hi: usize,
-        state: (&mut f32, &mut f32),
-        alpha: &mut f32,
-    ) {
-        let (m, l) = state;
-        s[..lo].fill(f32::NEG_INFINITY);
-        s[hi..].fill(f32::NEG_INFINITY);
-        // Sixteen lanes at a time, so each line below is one vector instruction (or a few).
-        let mut top = [f32::NEG_INFINITY; 16];
-        for c in s.chunks_exact(16) {
-            for i in 0..16 {
-                top[i] = top[i].max(c[i]);
-            }
-        }
-        let m_new = top.iter().fold(*m, |a, &b| a.max(b));
-        // exp(-inf) is 0: a row's first block scales its zero accumulator by 0.
-        *alpha = exp::<M>(*m - m_new);
-        let mut sum = [0f32; 16];
-        for c in s.chunks_exact_mut(16) {
-            // Loops, not `array::from_fn`: a closure does not inherit the copy's target
-            // features, and where it is not inlined (unoptimised callers, many codegen units)
-            // its multiply-adds become libm calls.
-            let mut e = [0f32; 16];
-            for i in 0..16 {
-                e[i] = exp::<M>(c[i] - m_new);
-            }
-            c.copy_from_slice(&e);
-            for i in 0..16 {
-                sum[i] += e[i];
-            }
-        }
-        *l = *l * *alpha + sum.iter().sum::<f32>();
-        *m = m_new;
-    }
-}
-
-simd_fn! {
-    /// `acc` (R rows of hd) = `acc` * `alpha` + `p` (R x BK weights) times the block's values
-    /// `vb` (BK x hd) at keys `lo..hi`: sixteen output lanes of all R rows stay in registers
-    /// across the keys, and each value vector loaded serves the R rows.
-    fn weigh_values<M>(
-        p: &[[f32; BK]; R],
-        alpha: &[f32; R],
-        keys: (usize, usize),
-        vb: &[f32],
-        acc: &mut [f32],
-    ) {
-        let (lo, hi) = keys;
-        let hd = acc.len() / R;
-        let whole = hd - hd % 16;
-        for c in (0..whole).step_by(16) {
-            let mut a = [[0f32; 16]; R];
-            for r in 0..R {
-                for i in 0..16 {
-                    a[r][i] = acc[r * hd + c + i] * alpha[r];
-                }
-            }
-            for j in lo..hi {
-                let v = &vb[j * hd + c..j * hd + c + 16];
-                for r in 0..R {
-                    let w = p[r][j];
-                    for i in 0..16 {
-                        a[r][i] = M::mac(w, v[i], a[r][i]);
-                    }
-                }
-            }
-            for r in 0..R {
-                acc[r * hd + c..r * hd + c + 16].copy_from_slice(&a[r]);
-            }
-        }
-        for r in 0..R {
-            for d in whole..hd {
-                let mut x = acc[r * hd + d] * alpha[r];
-                for j in lo..hi {
-                    x = M::mac(p[r][j], vb[j * hd + d], x);
-                }
-                acc[r * hd + d] = x;
-            }
         }
     }
 }

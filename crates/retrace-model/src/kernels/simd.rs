@@ -7,18 +7,24 @@
 
 use std::sync::OnceLock;
 
-/// A multiply-add: `a * b + c`.
+/// A multiply-add: `a * b + c`, and the shape of the vector unit it runs on.
 pub(crate) trait Mac {
+    /// f32 lanes a row of a four-row register tile holds: four rows of it are the most
+    /// accumulators that leave registers for the operands (sixteen of AVX-512's 32 registers
+    /// of 16 lanes, eight of AVX2's 16 of 8, eight of SSE's 16 of 4). A kernel's inner loop of
+    /// this many lanes is unrolled into whole registers: 64, 16 or 8, which kernels match on.
+    const TILE: usize;
     fn mac(a: f32, b: f32, c: f32) -> f32;
 }
 
-/// One rounding, on the FMA unit.
-pub(crate) struct Fused;
+/// One rounding, on the FMA unit; `TILE` lanes per tile row.
+pub(crate) struct Fused<const TILE: usize = 64>;
 
 /// Two roundings, for CPUs without FMA.
 pub(crate) struct Plain;
 
-impl Mac for Fused {
+impl<const T: usize> Mac for Fused<T> {
+    const TILE: usize = T;
     #[inline(always)]
     fn mac(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
@@ -26,6 +32,7 @@ impl Mac for Fused {
 }
 
 impl Mac for Plain {
+    const TILE: usize = 8;
     #[inline(always)]
     fn mac(a: f32, b: f32, c: f32) -> f32 {
         a * b + c
@@ -106,11 +113,11 @@ macro_rules! simd_fn {
             {
                 #[target_feature(enable = "avx512f,avx2,fma")]
                 fn wide($($arg: $ty),*) {
-                    body::<$crate::kernels::simd::Fused>($($arg),*)
+                    body::<$crate::kernels::simd::Fused<64>>($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) {
-                    body::<$crate::kernels::simd::Fused>($($arg),*)
+                    body::<$crate::kernels::simd::Fused<16>>($($arg),*)
                 }
                 match $crate::kernels::simd::level() {
                     // SAFETY: `level` is never wider than what this CPU has.
