@@ -1,32 +1,19 @@
 //! Blocked causal attention with an online softmax, on f32 slices: for each block of a query
 //! group's queries and each of its kv heads, key blocks in order with a running max, sum and
 //! accumulator per query row, so no (queries x keys) score matrix is ever built and masked
-//! blocks are never computed. Grouped-query heads read their kv head's keys by index; keys
-//! come from runs (the packed stream, or the prefix cache's tensors) in place.
+//! blocks are never computed. Grouped-query heads read their kv head's keys by index; each
+//! task gathers a block of them (`gather`) from their runs (the packed stream, or the prefix
+//! cache's tensors) into its scratch, where every row of the task reads them.
 
 use super::exp::exp;
+use super::gather::{BK, KvRun, gather};
 use super::simd::{Mac, simd_fn};
 use rayon::prelude::*;
 
-/// Keys per block: the bookkeeping (gathering, masking, the softmax's max) is per block, so
-/// larger blocks amortize it; 64 measured faster than 32 at 512 and 2,048 keys.
-const BK: usize = 64;
 /// Query rows per score tile.
 const R: usize = 4;
 /// Queries per task: a task's key blocks are gathered once for all its rows.
 const QB: usize = 32;
-
-/// Keys and values at positions `pos..pos + len`: kv head `g`'s key at position `p` is row
-/// `g * stride + offset + p - pos` of `k` (rows of head_dim), and likewise its value in `v`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct KvRun<'a> {
-    pub(crate) pos: usize,
-    pub(crate) len: usize,
-    pub(crate) k: &'a [f32],
-    pub(crate) v: &'a [f32],
-    pub(crate) stride: usize,
-    pub(crate) offset: usize,
-}
 
 /// Queries at rows `first_row..` of q, one per position of `positions` (ascending), over
 /// the keys of `runs` (ascending, covering every position the queries see).
@@ -160,7 +147,7 @@ impl Block<'_> {
         let k_hi = self.pos(rows - 1, group) + 1;
         for j0 in (k_lo..k_hi).step_by(BK) {
             let j1 = (j0 + BK).min(k_hi);
-            gather(self.group.runs, kv, hd, j0, j1, &mut sc.kt, &mut sc.vb);
+            gather(self.group.runs, kv, hd, (j0, j1), &mut sc.kt, &mut sc.vb);
             let (kt, vb) = (&sc.kt[..], &sc.vb[..]);
             for t0 in (0..rows).step_by(R) {
                 let tile: [usize; R] = std::array::from_fn(|i| (t0 + i).min(rows - 1));
@@ -261,34 +248,43 @@ simd_fn! {
         alpha: &mut [f32; R],
     ) {
         let (m, l) = state;
+        let live = |i: usize| keys[i].0 < keys[i].1;
+        // Every row's new max first, then the rows' rescaling factors as one short vector of
+        // exponentials rather than R scalar ones, each a long dependent chain.
+        let mut m_new = *m;
         for i in 0..R {
             let (lo, hi) = keys[i];
             if lo >= hi {
                 s[i] = [0.0; BK];
                 continue;
             }
-            softmax_row::<M>(&mut s[i], (lo, hi), (&mut m[i], &mut l[i]), &mut alpha[i]);
+            if lo > 0 || hi < BK {
+                // Only the blocks at a row's diagonal or window edge are cut.
+                s[i][..lo].fill(f32::NEG_INFINITY);
+                s[i][hi..].fill(f32::NEG_INFINITY);
+            }
+            m_new[i] = row_max::<M>(&s[i], m[i]);
+        }
+        for i in 0..R {
+            // exp(-inf) is 0: a row's first block scales its zero accumulator by 0. A row
+            // left as it was keeps its accumulator (its max may still be -inf, and
+            // -inf - -inf is NaN).
+            let a = exp::<M>(m[i] - m_new[i]);
+            alpha[i] = if live(i) { a } else { 1.0 };
+        }
+        for i in 0..R {
+            if live(i) {
+                l[i] = l[i] * alpha[i] + weights::<M>(&mut s[i], m_new[i]);
+                m[i] = m_new[i];
+            }
         }
     }
 }
 
-/// One row of `softmax_tile`, over keys `lo..hi` (not empty). Fixed-width loops, so the max
-/// and the exponentials run a vector at a time.
+/// A row's scores `s` (masked ones -inf) become its weights e^(s - m); returns their sum.
+/// Fixed-width loops, so the exponentials run a vector at a time.
 #[inline(always)]
-fn softmax_row<M: Mac>(
-    s: &mut [f32; BK],
-    (lo, hi): (usize, usize),
-    (m, l): (&mut f32, &mut f32),
-    alpha: &mut f32,
-) {
-    if lo > 0 || hi < BK {
-        // Only the blocks at a row's diagonal or window edge are cut.
-        s[..lo].fill(f32::NEG_INFINITY);
-        s[hi..].fill(f32::NEG_INFINITY);
-    }
-    let m_new = row_max::<M>(s, *m);
-    // exp(-inf) is 0: a row's first block scales its zero accumulator by 0.
-    *alpha = exp::<M>(*m - m_new);
+fn weights<M: Mac>(s: &mut [f32; BK], m: f32) -> f32 {
     let mut sum = [0f32; 16];
     for c in s.chunks_exact_mut(16) {
         // Loops, not `array::from_fn`: a closure does not inherit the copy's target
@@ -296,15 +292,23 @@ fn softmax_row<M: Mac>(
         // its multiply-adds become libm calls.
         let mut e = [0f32; 16];
         for i in 0..16 {
-            e[i] = exp::<M>(c[i] - m_new);
+            e[i] = exp::<M>(c[i] - m);
         }
         c.copy_from_slice(&e);
         for i in 0..16 {
             sum[i] += e[i];
         }
     }
-    *l = *l * *alpha + sum.iter().sum::<f32>();
-    *m = m_new;
+    // Halving, so the sum is four vector additions, not sixteen dependent scalar ones.
+    let mut half = [0f32; 8];
+    for i in 0..8 {
+        half[i] = sum[i] + sum[i + 8];
+    }
+    let mut quarter = [0f32; 4];
+    for i in 0..4 {
+        quarter[i] = half[i] + half[i + 4];
+    }
+    (quarter[0] + quarter[2]) + (quarter[1] + quarter[3])
 }
 
 simd_fn! {
@@ -411,32 +415,5 @@ fn weigh_cols<M: Mac, const W: usize>(
     }
     for r in 0..R {
         acc[r * hd + c..r * hd + c + W].copy_from_slice(&a[r]);
-    }
-}
-
-/// Keys `j0..j1` of kv head `kv` from `runs`: transposed into `kt` (hd x BK), values into
-/// `vb` (BK x hd); a short block's remaining columns are zeroed (they are masked).
-fn gather(
-    runs: &[KvRun],
-    kv: usize,
-    hd: usize,
-    j0: usize,
-    j1: usize,
-    kt: &mut [f32],
-    vb: &mut [f32],
-) {
-    if j1 - j0 < BK {
-        kt.fill(0.0);
-    }
-    for run in runs {
-        let (lo, hi) = (run.pos.max(j0), (run.pos + run.len).min(j1));
-        for p in lo..hi {
-            let row = (kv * run.stride + run.offset + p - run.pos) * hd;
-            let j = p - j0;
-            for (d, &k) in run.k[row..row + hd].iter().enumerate() {
-                kt[d * BK + j] = k;
-            }
-            vb[j * hd..(j + 1) * hd].copy_from_slice(&run.v[row..row + hd]);
-        }
     }
 }

@@ -1,7 +1,8 @@
 //! Causal attention over one sequence, fused (the blocked kernel) or eager (candle's ops on the
 //! whole masked score matrix): the kernel alone, for its own tests and the microbenchmark.
 
-use super::attention::{Heads, KvRun, QueryGroup, attend};
+use super::attention::{Heads, QueryGroup, attend};
+use super::gather::KvRun;
 use super::{Kernels, f32s};
 use candle_core::{DType, Result, Storage, Tensor};
 

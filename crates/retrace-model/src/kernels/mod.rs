@@ -1,7 +1,8 @@
 //! Fused CPU kernels for the decoder's f32 hot path, and the switch between them and candle's
 //! own ops: residual add + RMS norm in one pass (`norm`), SiLU(gate) * up (`silu`), RoPE with
 //! the heads-first transpose (`rope`), and blocked attention with an online softmax
-//! (`attention`; `causal`: that kernel over one sequence, alone), and the quantized matmul's
+//! (`attention`, over key blocks `gather` transposes; `causal`: that kernel over one
+//! sequence, alone), and the quantized matmul's
 //! GEMM path (`quant`), each threaded over rows on candle's thread count (rayon's pool).
 //!
 //! Every kernel runs only on the CPU in f32 and falls back to candle's unfused ops for any
@@ -12,14 +13,16 @@
 mod attention;
 mod causal;
 mod exp;
+mod gather;
 mod norm;
 mod quant;
 mod rope;
 mod silu;
 mod simd;
 
-pub(crate) use attention::{Heads, KvRun, QueryGroup, attend};
+pub(crate) use attention::{Heads, QueryGroup, attend};
 pub use causal::causal_attention;
+pub(crate) use gather::KvRun;
 pub use norm::add_rms_norm;
 #[cfg(test)]
 pub(crate) use quant::COVERED;
