@@ -96,7 +96,13 @@ pub struct Tally {
     /// Latencies of admitted requests (every answer but RESOURCE_EXHAUSTED).
     pub admitted: Vec<Duration>,
     pub refused: Vec<Duration>,
+    /// Each refusal slower than `SLOW_REFUSAL`: when it was sent, its latency and its message,
+    /// so a failed floor says which path refused late.
+    pub slow_refusals: Vec<(Instant, Duration, String)>,
 }
+
+/// A refusal slower than this is kept with its message (`Tally::slow_refusals`).
+pub const SLOW_REFUSAL: Duration = Duration::from_millis(100);
 
 impl Tally {
     pub fn add(&mut self, o: &Outcome) {
@@ -105,6 +111,10 @@ impl Tally {
             Some(Code::ResourceExhausted) => {
                 self.exhausted += 1;
                 self.refused.push(o.latency);
+                if o.latency > SLOW_REFUSAL {
+                    let slow = (o.started, o.latency, o.message.clone());
+                    self.slow_refusals.push(slow);
+                }
             }
             Some(code) => {
                 match code {

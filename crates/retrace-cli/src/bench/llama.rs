@@ -107,6 +107,16 @@ impl LlamaServer {
         .await
     }
 
+    /// A client for scoring a prefix's last step (the beam search's contender).
+    pub(super) fn client(&self) -> anyhow::Result<LlamaClient> {
+        self.guard_alive()?;
+        Ok(LlamaClient {
+            http: self.http.clone(),
+            url: format!("{}/v1/chat/completions", self.base),
+            top_logprobs: self.top_logprobs,
+        })
+    }
+
     fn guard_alive(&self) -> anyhow::Result<()> {
         super::procs::peak_rss(self.guard.pid()).map(drop)
     }
@@ -114,7 +124,7 @@ impl LlamaServer {
 
 /// One client task's handle on the server.
 #[derive(Clone)]
-struct LlamaClient {
+pub(super) struct LlamaClient {
     http: reqwest::Client,
     url: String,
     top_logprobs: usize,
@@ -127,26 +137,32 @@ impl LlamaClient {
         let mut scores = Vec::with_capacity(t.steps.len());
         let mut misses = 0;
         for (k, step) in t.steps.iter().enumerate() {
-            // The words chat-lm uses (src/prm/format.rs), so both contenders score the same text.
-            let content = match k {
-                0 => format!("Question: {}\n\nStep: {step}", t.question),
-                _ => format!("Step: {step}"),
-            };
-            messages.push(json!({"role": "user", "content": content}));
-            let body = json!({
-                "messages": messages,
-                "max_tokens": 1,
-                "temperature": 0.0,
-                "logprobs": true,
-                "top_logprobs": self.top_logprobs,
-            });
-            let reply = self.post(&body).await?;
-            let (plus, minus) = plus_minus(&reply)?;
+            messages.push(turn(k, &t.question, step));
+            let (plus, minus) = self.plus_minus(&messages).await?;
             misses += usize::from(plus.is_none() || minus.is_none());
             scores.push(step_score(plus, minus));
             messages.push(json!({"role": "assistant", "content": "+"}));
         }
         Ok((scores, misses))
+    }
+
+    /// The score of `steps`' last step after `question`: one request holding the conversation
+    /// up to it, as the per-step procedure sends for that step.
+    pub(super) async fn last_score(&self, question: &str, steps: &[String]) -> anyhow::Result<f32> {
+        let (plus, minus) = self.plus_minus(&conversation(question, steps)).await?;
+        Ok(step_score(plus, minus))
+    }
+
+    /// The logprobs of '+' and '-' as the reply to `messages`.
+    async fn plus_minus(&self, messages: &[Value]) -> anyhow::Result<(Option<f64>, Option<f64>)> {
+        let body = json!({
+            "messages": messages,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": true,
+            "top_logprobs": self.top_logprobs,
+        });
+        plus_minus(&self.post(&body).await?)
     }
 
     async fn post(&self, body: &Value) -> anyhow::Result<Value> {
@@ -158,6 +174,29 @@ impl LlamaClient {
         }
         Ok(serde_json::from_slice(&bytes)?)
     }
+}
+
+/// The conversation `score` sends for the last of `steps`: every earlier step's turn answered
+/// "+".
+fn conversation(question: &str, steps: &[String]) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": CHAT_LM_INSTRUCTION})];
+    for (k, step) in steps.iter().enumerate() {
+        if k > 0 {
+            messages.push(json!({"role": "assistant", "content": "+"}));
+        }
+        messages.push(turn(k, question, step));
+    }
+    messages
+}
+
+/// Step `k`'s user turn, in the words chat-lm uses (src/prm/format.rs), so both contenders
+/// score the same text.
+fn turn(k: usize, question: &str, step: &str) -> Value {
+    let content = match k {
+        0 => format!("Question: {question}\n\nStep: {step}"),
+        _ => format!("Step: {step}"),
+    };
+    json!({"role": "user", "content": content})
 }
 
 /// The logprobs of '+' and '-' among the first generated token's top alternatives.
@@ -188,6 +227,18 @@ fn step_score(plus: Option<f64>, minus: Option<f64>) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefix_is_sent_as_the_per_step_procedure_sends_its_last_step() {
+        let steps = ["a".to_string(), "b".to_string()];
+        let sent = conversation("q", &steps);
+        let roles: Vec<&str> = sent.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert_eq!(sent[1]["content"], "Question: q\n\nStep: a");
+        assert_eq!(sent[2]["content"], "+");
+        assert_eq!(sent[3]["content"], "Step: b");
+        assert_eq!(sent[0]["content"], CHAT_LM_INSTRUCTION);
+    }
 
     #[test]
     fn reads_plus_against_minus() {

@@ -5,8 +5,11 @@
 //! that ended on solution s continues with step d of s and of `EXPAND - 1` other solutions.
 //! Every request is a kept prefix plus one new step, so the prefix cache serves all but the
 //! step; which beams survive depends on the scores, so each depth waits for the one before.
+//! llama-server runs the same search, each candidate scored by the per-step procedure's request
+//! for its last step.
 
 use super::super::grpc::again_if_cut;
+use super::super::llama::LlamaClient;
 use super::source::{Candidates, evaluate};
 use anyhow::Context;
 use retrace::pb;
@@ -22,6 +25,13 @@ pub(super) const EXPAND: usize = 4;
 pub(crate) struct BeamJob {
     question: String,
     solutions: Vec<Vec<String>>,
+}
+
+/// Who scores a search's candidates.
+#[derive(Clone, Copy)]
+pub(super) enum Scorer<'a> {
+    Retrace(&'a pb::evaluator_client::EvaluatorClient<Channel>),
+    Llama(&'a LlamaClient),
 }
 
 /// A prefix being searched: its steps, and the solution its last step came from.
@@ -84,10 +94,7 @@ impl BeamJob {
     }
 
     /// The search, to the depth where no beam continues.
-    pub(super) async fn run(
-        &self,
-        client: &pb::evaluator_client::EvaluatorClient<Channel>,
-    ) -> anyhow::Result<()> {
+    pub(super) async fn run(&self, scorer: Scorer<'_>) -> anyhow::Result<()> {
         let n = self.solutions.len();
         // The first depth starts from as many solutions as the later ones score.
         let mut beams: Vec<Beam> = (0..(WIDTH * EXPAND).min(n))
@@ -104,7 +111,10 @@ impl BeamJob {
             if candidates.is_empty() {
                 break;
             }
-            let scores = self.score(client, &candidates).await?;
+            let scores = match scorer {
+                Scorer::Retrace(client) => self.score(client, &candidates).await?,
+                Scorer::Llama(client) => self.score_llama(client, &candidates).await?,
+            };
             let mut ranked: Vec<(f32, Beam)> = scores.into_iter().zip(candidates).collect();
             ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
             beams = ranked.into_iter().take(WIDTH).map(|(_, b)| b).collect();
@@ -154,6 +164,20 @@ impl BeamJob {
                     .context("a reply with no step")
             })
             .collect()
+    }
+
+    /// The same with llama-server, all of a depth's requests at once.
+    async fn score_llama(
+        &self,
+        client: &LlamaClient,
+        candidates: &[Beam],
+    ) -> anyhow::Result<Vec<f32>> {
+        let calls = candidates
+            .iter()
+            .map(|b| client.last_score(&self.question, &b.steps));
+        futures::future::try_join_all(calls)
+            .await
+            .context("llama-server")
     }
 }
 

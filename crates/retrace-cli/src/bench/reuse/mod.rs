@@ -17,11 +17,11 @@ mod scrape;
 mod source;
 
 use super::grpc::again_if_cut;
-use super::llama::LlamaServer;
+use super::llama::{LlamaClient, LlamaServer};
 use super::procs::Guard;
 use super::{BenchOptions, BenchTrace, Workload};
 use anyhow::Context;
-use beam::BeamJob;
+use beam::{BeamJob, Scorer};
 use jobs::{Fits, jobs};
 use report::ReuseSample;
 use retrace::pb;
@@ -58,6 +58,11 @@ impl Kind {
             Kind::Processbench => "ProcessBench, no repeats",
             Kind::Beam => "beam search",
         }
+    }
+
+    /// The searches, which llama-server runs too (by its per-step procedure) unless --no-llama.
+    fn llama_runs(self) -> bool {
+        matches!(self, Kind::Tree | Kind::Beam)
     }
 
     /// Callers (requests, or searches, in flight) unless --callers says otherwise.
@@ -118,7 +123,7 @@ struct Server {
     metrics: String,
 }
 
-/// The three retrace servers, and llama-server for tree search.
+/// The three retrace servers, and llama-server for the searches.
 struct Contenders {
     servers: Vec<(Who, Server)>,
     llama: Option<LlamaServer>,
@@ -138,8 +143,9 @@ pub(super) async fn bench(
         eprintln!("bench: starting {}", who.name());
         servers.push((who, start(opts, model, &logs, who).await?));
     }
-    let llama = match kinds.contains(&Kind::Tree) && !opts.no_llama {
-        true => Some(start_llama(opts, cache, &logs).await?),
+    let searched = kinds.iter().any(|k| k.llama_runs());
+    let llama = match searched && !opts.no_llama {
+        true => Some(start_llama(opts, kinds, cache, &logs).await?),
         false => None,
     };
     let contenders = Contenders { servers, llama };
@@ -174,7 +180,7 @@ async fn measure(
     fits: &Fits,
 ) -> anyhow::Result<Vec<ReuseSample>> {
     let mut order: Vec<Who> = vec![Who::Cache, Who::NoCache, Who::NoReuse];
-    if kind == Kind::Tree && contenders.llama.is_some() {
+    if kind.llama_runs() && contenders.llama.is_some() {
         order.push(Who::Llama);
     }
     let mut runs = Vec::new();
@@ -228,8 +234,12 @@ async fn run_one(
     traces: &Arc<Workload>,
 ) -> anyhow::Result<Option<Counters>> {
     if who == Who::Llama {
-        let l = contenders.llama.as_ref().expect("started for tree");
-        l.run(traces, callers).await?;
+        let l = contenders.llama.as_ref().expect("started for the searches");
+        match traces.traces.is_empty() {
+            // Beam searches: their requests depend on llama-server's own scores.
+            true => send_llama(&l.client()?, jobs, callers).await?,
+            false => drop(l.run(traces, callers).await?),
+        }
         return Ok(None);
     }
     let server = &contenders
@@ -265,13 +275,19 @@ async fn start(opts: &BenchOptions, model: &Path, logs: &Path, who: Who) -> anyh
 
 async fn start_llama(
     opts: &BenchOptions,
+    kinds: &[Kind],
     cache: &Path,
     logs: &Path,
 ) -> anyhow::Result<LlamaServer> {
     let (bin, gguf) = super::llama_paths(opts, cache);
     eprintln!("bench: starting llama-server ({})", bin.display());
-    // A slot for each caller tree search runs at.
-    let slots = callers(opts, Kind::Tree).into_iter().max().unwrap_or(1);
+    // A slot for each caller a search runs at.
+    let slots = kinds
+        .iter()
+        .filter(|k| k.llama_runs())
+        .flat_map(|&k| callers(opts, k))
+        .max()
+        .unwrap_or(1);
     LlamaServer::start(
         &bin,
         &gguf,
@@ -319,7 +335,27 @@ async fn send(
                     .await
                     .context("Rank")?;
                 }
-                ReuseJob::Beam(search) => search.run(&client).await?,
+                ReuseJob::Beam(search) => search.run(Scorer::Retrace(&client)).await?,
+            }
+            Ok((Vec::new(), 0))
+        }
+    })
+    .await
+    .map(drop)
+}
+
+/// llama-server's turn at the beam searches of `jobs`, `concurrency` at a time.
+async fn send_llama(
+    client: &LlamaClient,
+    jobs: &Arc<Vec<ReuseJob>>,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    let (client, jobs) = (client.clone(), jobs.clone());
+    super::drive(jobs.len(), concurrency, move |i| {
+        let (client, jobs) = (client.clone(), jobs.clone());
+        async move {
+            if let ReuseJob::Beam(search) = &jobs[i] {
+                search.run(Scorer::Llama(&client)).await?;
             }
             Ok((Vec::new(), 0))
         }

@@ -220,7 +220,7 @@ fn speed_notes(w: &WorkloadRuns, targets: &Targets) -> Vec<String> {
                 Some(t) => format!("{head}; target {t}%): {}", mark(100.0 * share >= t)),
                 None => format!("{head})"),
             });
-            if w.kind == Kind::Tree && !w.of(Who::Llama).is_empty() {
+            if !w.of(Who::Llama).is_empty() {
                 let vs = w.secs(Who::Llama) / cache;
                 notes.push(format!(
                     "{}: {vs:.2}x llama-server's per-step procedure{}",
