@@ -40,6 +40,12 @@ pub trait Scorer: Send + 'static {
     fn cache(&self) -> Option<CacheStats> {
         None
     }
+
+    /// The tokens a batch would compute for `encoded` now, which is what the batch budget
+    /// counts: by default all of them; a scorer with a prefix cache, those past the cached part.
+    fn cost(&self, encoded: &Encoded) -> usize {
+        encoded.ids.len()
+    }
 }
 
 /// Why a scorer could not score a batch.
@@ -55,11 +61,12 @@ pub enum ScoreError {
 /// How batches are cut.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Budget {
-    /// Most tokens per batch (rows are packed end to end, not padded, so this is their sum);
-    /// a longer single trace runs alone.
+    /// Most tokens a batch computes (rows are packed end to end, not padded, so this is their
+    /// sum, less what the scorer's prefix cache holds); a longer single trace runs alone.
     pub max_batch_tokens: usize,
     pub max_batch_size: usize,
-    /// How long the first request of a batch may wait for company.
+    /// How long a batch with room waits for company after its latest request arrived (its
+    /// first at most `GATHER` times this).
     pub max_wait: Duration,
 }
 
@@ -286,18 +293,18 @@ fn run(
                 Err(Closed) => return,
             }
         }
-        // Wait a little for company while the batch still has room.
-        let until = queue[0].enqueued + budget.max_wait;
-        while !closed
-            && next_batch(queue.iter().map(|p| p.encoded.ids.len()), &budget) == queue.len()
-        {
-            match inbox.recv(Some(until)) {
+        // Wait for company while the batch still has room.
+        let fits = |queue: &VecDeque<Pending>| {
+            next_batch(queue.iter().map(|p| scorer.cost(&p.encoded)), &budget)
+        };
+        while !closed && fits(&queue) == queue.len() {
+            match inbox.recv(Some(gather_until(&queue, budget.max_wait))) {
                 Ok(Some(p)) => queue.push_back(p),
                 Ok(None) => break,
                 Err(Closed) => closed = true,
             }
         }
-        let n = next_batch(queue.iter().map(|p| p.encoded.ids.len()), &budget);
+        let n = fits(&queue);
         metrics::queue_depth(name, -(n as f64));
         let now = inbox.now();
         let batch: Vec<Pending> = queue
@@ -315,6 +322,25 @@ fn run(
             fail_queued(name, queue, &mut inbox, &why);
             return;
         }
+    }
+}
+
+/// How many times `max_wait` a burst may hold its first request for company.
+const GATHER: u32 = 10;
+
+/// Until when a batch with room waits for more: `max_wait` after its latest arrival, so a
+/// burst that comes a request at a time (a search's candidates, each tokenized on its own)
+/// shares one forward; never past `GATHER` times `max_wait` after its first, nor closer than
+/// `max_wait` to a queued deadline (work cut at its deadline is dropped unscored). Requests
+/// that queued while the model was busy arrived long ago: they wait no more.
+fn gather_until(queue: &VecDeque<Pending>, max_wait: Duration) -> Instant {
+    let first = queue[0].enqueued;
+    let latest = queue.iter().map(|p| p.enqueued).max().unwrap_or(first);
+    let until = (latest + max_wait).min(first + max_wait * GATHER);
+    match queue.iter().filter_map(|p| p.deadline).min() {
+        // Before `first` (past already): cut now.
+        Some(d) => until.min(d.checked_sub(max_wait).unwrap_or(first).max(first)),
+        None => until,
     }
 }
 

@@ -67,9 +67,15 @@ struct Fake {
     batches: Mutex<Vec<Vec<usize>>>,
     fail: Option<&'static str>,
     nan: bool,
+    /// Tokens of every row its prefix cache holds, which a batch does not compute.
+    cached: usize,
 }
 
 impl Scorer for Fake {
+    fn cost(&self, encoded: &Encoded) -> usize {
+        encoded.ids.len().saturating_sub(self.cached)
+    }
+
     fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
         self.batches
             .lock()
@@ -144,21 +150,51 @@ fn answer(mut rx: Rx) -> Result<Scored, BatchError> {
 }
 
 #[test]
-fn the_first_request_waits_for_company_up_to_max_wait() {
+fn a_batch_waits_max_wait_after_its_latest_arrival() {
     let mut sim = Sim::new();
     let a = sim.arrive(0, 3, None);
     let b = sim.arrive(4, 5, None);
-    // Arrives after A's 5 ms wait is over: it starts the next batch.
-    let c = sim.arrive(6, 7, None);
+    // Within 5 ms of B: it joins. D comes 6 ms after C, when the batch has gone.
+    let c = sim.arrive(8, 7, None);
+    let d = sim.arrive(14, 9, None);
     let fake = Fake::default();
     sim.run(waiting(1000, 8, 5), &fake);
-    assert_eq!(*fake.batches.lock().unwrap(), vec![vec![3, 5], vec![7]]);
+    assert_eq!(*fake.batches.lock().unwrap(), vec![vec![3, 5, 7], vec![9]]);
     let a = answer(a).unwrap();
     assert_eq!(a.scores, vec![0.5]);
-    // A was cut at its 5 ms deadline for company, B 1 ms after it came.
-    assert_eq!(a.queued, Duration::from_millis(5));
-    assert_eq!(answer(b).unwrap().queued, Duration::from_millis(1));
-    assert!(answer(c).is_ok());
+    // The batch was cut 5 ms after C: A waited 13 ms, B 9, C 5.
+    assert_eq!(a.queued, Duration::from_millis(13));
+    assert_eq!(answer(b).unwrap().queued, Duration::from_millis(9));
+    assert_eq!(answer(c).unwrap().queued, Duration::from_millis(5));
+    assert!(answer(d).is_ok());
+}
+
+#[test]
+fn a_burst_holds_its_first_request_ten_max_waits_at_most() {
+    let mut sim = Sim::new();
+    // One every 4 ms, each within max_wait (5 ms) of the one before, for ever: the batch is
+    // cut at 50 ms, ten times max_wait after the first, with the 13 that came by then.
+    let rxs: Vec<Rx> = (0..16).map(|i| sim.arrive(4 * i, 2, None)).collect();
+    let fake = Fake::default();
+    sim.run(waiting(1000, 100, 5), &fake);
+    assert_eq!(fake.batches.lock().unwrap()[0], vec![2; 13]);
+    let first = rxs.into_iter().next().map(|rx| answer(rx).unwrap().queued);
+    assert_eq!(first, Some(Duration::from_millis(50)));
+}
+
+#[test]
+fn no_batch_waits_into_a_queued_deadline() {
+    let mut sim = Sim::new();
+    let a = sim.arrive(0, 3, Some(8));
+    // B's arrival would hold the batch to 7 ms and take C in; A's deadline at 8 ms leaves
+    // room to wait only until 3 ms (a 5 ms max_wait short of it).
+    let b = sim.arrive(2, 4, None);
+    let c = sim.arrive(6, 5, None);
+    let fake = Fake::default();
+    sim.run(waiting(1000, 8, 5), &fake);
+    assert_eq!(*fake.batches.lock().unwrap(), vec![vec![3, 4], vec![5]]);
+    assert_eq!(answer(a).unwrap().queued, Duration::from_millis(3));
+    assert!(answer(b).is_ok() && answer(c).is_ok());
 }
 
 #[test]
@@ -174,6 +210,25 @@ fn a_full_batch_is_cut_without_waiting() {
     );
     for rx in rxs.into_iter().take(4) {
         assert_eq!(answer(rx).unwrap().queued, Duration::ZERO);
+    }
+}
+
+#[test]
+fn the_budget_counts_the_tokens_a_batch_computes_not_what_is_cached() {
+    for (cached, want) in [
+        (0, vec![vec![60], vec![60], vec![60]]),
+        (50, vec![vec![60; 3]]),
+    ] {
+        let mut sim = Sim::new();
+        let rxs: Vec<Rx> = (0..3).map(|_| sim.arrive(0, 60, None)).collect();
+        let fake = Fake {
+            cached,
+            ..Fake::default()
+        };
+        // 100 tokens: one row of 60 at a time, or all three increments of 10 over the cache.
+        sim.run(waiting(100, 8, 0), &fake);
+        assert_eq!(*fake.batches.lock().unwrap(), want, "cached {cached}");
+        assert!(rxs.into_iter().all(|rx| answer(rx).is_ok()));
     }
 }
 
@@ -195,8 +250,9 @@ fn a_long_row_never_starves_behind_short_ones() {
 #[test]
 fn work_past_its_deadline_is_answered_and_never_scored() {
     let mut sim = Sim::new();
-    let late = sim.arrive(0, 3, Some(2));
-    let fine = sim.arrive(1, 4, Some(100));
+    // Its deadline passes as it reaches the model thread (the batcher never waits into one).
+    let late = sim.arrive(2, 3, Some(2));
+    let fine = sim.arrive(2, 4, Some(100));
     let fake = Fake::default();
     sim.run(waiting(1000, 8, 5), &fake);
     assert_eq!(answer(late), Err(BatchError::Deadline));

@@ -22,6 +22,10 @@ impl Scorer for PrmModel {
     fn cache(&self) -> Option<CacheStats> {
         self.cache_stats()
     }
+
+    fn cost(&self, encoded: &Encoded) -> usize {
+        self.uncached_len(&encoded.ids)
+    }
 }
 
 fn split<'a>(batch: &[&'a Encoded]) -> (Vec<&'a [u32]>, Vec<&'a [usize]>) {

@@ -44,7 +44,8 @@ pub struct CandleConfig {
     pub max_batch_tokens: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_batch_size: Option<usize>,
-    /// How long the first request of a batch may wait for company.
+    /// How long a batch with room waits for company after its latest request arrived (its
+    /// first at most ten times this).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_wait_ms: Option<u64>,
     /// MiB of computed prefixes (keys and values) the model thread keeps for later requests

@@ -193,6 +193,17 @@ impl PrmModel {
         Ok(self)
     }
 
+    /// How many of a row's tokens a forward would compute now: those past its longest cached
+    /// prefix (every one without a cache). What a batch costs, where its rows' lengths
+    /// overstate it: a search's increments over cached prefixes are a few dozen tokens each.
+    pub fn uncached_len(&self, ids: &[u32]) -> usize {
+        let cached = match &self.cache {
+            Some(cache) => cache.lock().map_or(0, |c| c.cached_len(ids)),
+            None => 0,
+        };
+        ids.len() - cached
+    }
+
     /// What the prefix cache holds, when it is on.
     pub fn cache_stats(&self) -> Option<CacheStats> {
         let cache = self.cache.as_ref()?.lock().ok()?;

@@ -389,6 +389,9 @@ fn one_batch_mixes_hits_shared_rows_and_new_rows_exactly() {
             let half = a.positions[a.positions.len() / 2] + 1;
             let n = a.positions.iter().filter(|p| **p < half).count();
             compare(&plain, &cached, &[&a.ids[..half]], &[&a.positions[..n]]);
+            // What the next forward would compute of a: the rest past the cached half.
+            assert_eq!(cached.uncached_len(&a.ids), a.ids.len() - half, "{family}");
+            assert_eq!(plain.uncached_len(&a.ids), a.ids.len());
             // Then, in one batch: a twice (racing for the same prefix), a's cached half alone
             // (a full hit), and b (new).
             let rows: [&[u32]; 4] = [&a.ids, &a.ids, &a.ids[..half], &b.ids];

@@ -201,6 +201,22 @@ impl PrefixCache {
         (hit, pinned)
     }
 
+    /// How many of `tokens`' first tokens are cached: what `lookup` would find, without pinning
+    /// or touching anything.
+    pub(crate) fn cached_len(&self, tokens: &[u32]) -> usize {
+        let (mut len, mut at) = (0, ROOT);
+        while let Some(&child) = tokens.get(len).and_then(|t| self.node(at).children.get(t)) {
+            let node = self.node(child);
+            let common = common_prefix(&node.tokens, &tokens[len..]);
+            len += common;
+            if common < node.tokens.len() {
+                break;
+            }
+            at = child;
+        }
+        len
+    }
+
     /// Releases the pins a `lookup` took.
     pub(crate) fn unpin(&mut self, pinned: &[usize]) {
         for &id in pinned {
