@@ -27,11 +27,11 @@ pub(crate) struct BeamJob {
     solutions: Vec<Vec<String>>,
 }
 
-/// Who scores a search's candidates.
-#[derive(Clone, Copy)]
-pub(super) enum Scorer<'a> {
-    Retrace(&'a pb::evaluator_client::EvaluatorClient<Channel>),
-    Llama(&'a LlamaClient),
+/// Who scores a search's candidates (and, for retrace, sends the other workloads' requests).
+#[derive(Clone)]
+pub(super) enum Scorer {
+    Retrace(pb::evaluator_client::EvaluatorClient<Channel>),
+    Llama(LlamaClient),
 }
 
 /// A prefix being searched: its steps, and the solution its last step came from.
@@ -94,7 +94,7 @@ impl BeamJob {
     }
 
     /// The search, to the depth where no beam continues.
-    pub(super) async fn run(&self, scorer: Scorer<'_>) -> anyhow::Result<()> {
+    pub(super) async fn run(&self, scorer: &Scorer) -> anyhow::Result<()> {
         let n = self.solutions.len();
         // The first depth starts from as many solutions as the later ones score.
         let mut beams: Vec<Beam> = (0..(WIDTH * EXPAND).min(n))

@@ -17,7 +17,7 @@ mod scrape;
 mod source;
 
 use super::grpc::again_if_cut;
-use super::llama::{LlamaClient, LlamaServer};
+use super::llama::LlamaServer;
 use super::procs::Guard;
 use super::{BenchOptions, BenchTrace, Workload};
 use anyhow::Context;
@@ -237,7 +237,7 @@ async fn run_one(
         let l = contenders.llama.as_ref().expect("started for the searches");
         match traces.traces.is_empty() {
             // Beam searches: their requests depend on llama-server's own scores.
-            true => send_llama(&l.client()?, jobs, callers).await?,
+            true => send(Scorer::Llama(l.client()?), jobs, callers).await?,
             false => drop(l.run(traces, callers).await?),
         }
         return Ok(None);
@@ -249,7 +249,7 @@ async fn run_one(
         .expect("started")
         .1;
     let before = counters(&server.metrics).await?;
-    send(&server.client, jobs, callers).await?;
+    send(Scorer::Retrace(server.client.clone()), jobs, callers).await?;
     let after = counters(&server.metrics).await?;
     Ok(Some(after - before))
 }
@@ -306,18 +306,16 @@ async fn counters(url: &str) -> anyhow::Result<Counters> {
     Ok(scrape::counters(&text))
 }
 
-/// Sends every job, `concurrency` at a time, each job's requests in order.
-async fn send(
-    client: &pb::evaluator_client::EvaluatorClient<Channel>,
-    jobs: &Arc<Vec<ReuseJob>>,
-    concurrency: usize,
-) -> anyhow::Result<()> {
-    let (client, jobs) = (client.clone(), jobs.clone());
+/// Sends every job, `concurrency` at a time, each job's requests in order; llama-server takes
+/// the beam searches only (tree search has its own procedure, `LlamaServer::run`).
+async fn send(client: Scorer, jobs: &Arc<Vec<ReuseJob>>, concurrency: usize) -> anyhow::Result<()> {
+    let jobs = jobs.clone();
     super::drive(jobs.len(), concurrency, move |i| {
         let (client, jobs) = (client.clone(), jobs.clone());
         async move {
-            match &jobs[i] {
-                ReuseJob::Evaluate(requests) => {
+            match (&jobs[i], &client) {
+                (ReuseJob::Beam(search), client) => search.run(client).await?,
+                (ReuseJob::Evaluate(requests), Scorer::Retrace(client)) => {
                     for r in requests {
                         again_if_cut(|| {
                             let (mut client, r) = (client.clone(), r.clone());
@@ -327,7 +325,7 @@ async fn send(
                         .context("Evaluate")?;
                     }
                 }
-                ReuseJob::Rank(r) => {
+                (ReuseJob::Rank(r), Scorer::Retrace(client)) => {
                     again_if_cut(|| {
                         let (mut client, r) = (client.clone(), r.clone());
                         async move { client.rank(r).await }
@@ -335,27 +333,7 @@ async fn send(
                     .await
                     .context("Rank")?;
                 }
-                ReuseJob::Beam(search) => search.run(Scorer::Retrace(&client)).await?,
-            }
-            Ok((Vec::new(), 0))
-        }
-    })
-    .await
-    .map(drop)
-}
-
-/// llama-server's turn at the beam searches of `jobs`, `concurrency` at a time.
-async fn send_llama(
-    client: &LlamaClient,
-    jobs: &Arc<Vec<ReuseJob>>,
-    concurrency: usize,
-) -> anyhow::Result<()> {
-    let (client, jobs) = (client.clone(), jobs.clone());
-    super::drive(jobs.len(), concurrency, move |i| {
-        let (client, jobs) = (client.clone(), jobs.clone());
-        async move {
-            if let ReuseJob::Beam(search) = &jobs[i] {
-                search.run(Scorer::Llama(&client)).await?;
+                (_, Scorer::Llama(_)) => anyhow::bail!("llama-server runs the beam searches only"),
             }
             Ok((Vec::new(), 0))
         }
