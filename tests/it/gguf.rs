@@ -177,6 +177,9 @@ struct KnownTrace {
     first_error: i32,
 }
 
+/// How far a served score on the Q4_1 base may sit from training's (see the test below).
+const GGUF_ROUNDING: f64 = 0.2;
+
 /// A fresh clone's default evaluator is the trained head: on held-out traces it gives the
 /// verdicts training computed for them (tests/fixtures/default-head, written by
 /// scripts/bench/default-head.sh with the head).
@@ -217,9 +220,17 @@ async fn the_default_is_the_trained_head_and_gives_the_verdicts_training_compute
         }
         flagged += usize::from(k.first_error >= 0);
     }
-    // Training ran the same file through the same kernels; another CPU's SIMD path rounds a
-    // little differently.
-    assert!(worst < 1e-4, "served against training's scores: {worst}");
+    // The base is a Q4_1 GGUF: before each quantized matmul the activations are rounded to
+    // 8 bits a block, so a change of summation order anywhere upstream (a CPU without FMA, a
+    // kernel's new register tile) moves some of them by a whole quantization step, and the
+    // head's scores with them. Measured on the fixture's traces: up to 0.08 on the baseline
+    // copy of the kernels training ran, 0.11 and 0.13 (AVX-512 or AVX2, baseline) on kernels
+    // whose softmax sums in another order; every first error matched on all of them. A wrong
+    // layer, format or reference moves scores further and flips first errors.
+    assert!(
+        worst < GGUF_ROUNDING,
+        "served against training's scores: {worst}"
+    );
     assert!(
         flagged > 0 && flagged < known.traces.len(),
         "{flagged} flagged"
