@@ -199,14 +199,17 @@ impl Life<'_> {
 }
 
 impl Batcher {
-    /// Starts the model thread for `scorer`, with room for `capacity` queued requests.
+    /// Starts the model thread for `scorer`, for callers whose gate admits `capacity` requests
+    /// at a time. The queue holds twice that: a request whose caller left (its deadline passed
+    /// while it waited for the model) keeps its slot until the thread reaches it and drops it,
+    /// while its caller's place at the gate is already another's.
     pub(super) fn spawn(
         name: &str,
         scorer: impl Scorer,
         budget: Budget,
         capacity: usize,
     ) -> std::io::Result<Batcher> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
+        let (tx, rx) = std::sync::mpsc::sync_channel(2 * capacity);
         let (alive_tx, alive) = watch::channel(true);
         let guard = AliveGuard(alive_tx);
         let death = Arc::new(OnceLock::new());

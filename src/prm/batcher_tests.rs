@@ -359,6 +359,51 @@ async fn a_dead_model_thread_fails_its_work_and_reports_itself() {
     assert!(died(&err), "{err:?}");
 }
 
+/// Signals when the thread enters its first batch, then holds it there until let go.
+struct Started {
+    started: Mutex<std::sync::mpsc::Sender<()>>,
+    release: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Scorer for Started {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
+        let _ = self.started.lock().unwrap().send(());
+        let _ = self.release.lock().unwrap().recv();
+        Ok(batch.iter().map(|e| vec![1.0; e.positions.len()]).collect())
+    }
+}
+
+/// A caller whose deadline passes while its request waits for the model gives its place at
+/// the gate to the next; the request itself stays queued until the thread reaches it. That
+/// next request must be queued, not refused as if the queue were full of live work (seen as
+/// refusals under overload that waited at the gate for a second and then failed).
+#[tokio::test]
+async fn work_left_in_the_queue_does_not_refuse_the_gates_next_request() {
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (release, held) = std::sync::mpsc::channel();
+    let scorer = Started {
+        started: Mutex::new(started_tx),
+        release: Mutex::new(held),
+    };
+    // A gate of one request at a time.
+    let batcher = Batcher::spawn("left", scorer, budget(100, 1), 1).unwrap();
+    let row = || Encoded {
+        ids: vec![1],
+        positions: vec![0],
+    };
+    let first = batcher.submit(row(), None).unwrap();
+    started.recv().unwrap();
+    // Queued behind the first; its caller leaves (its permit goes back to the gate).
+    drop(batcher.submit(row(), None).unwrap());
+    let next = batcher.submit(row(), None);
+    assert!(next.is_ok(), "{:?}", next.err());
+    for _ in 0..3 {
+        let _ = release.send(());
+    }
+    assert!(first.await.unwrap().is_ok());
+    assert!(next.unwrap().await.unwrap().is_ok());
+}
+
 #[tokio::test]
 async fn a_full_queue_is_refused_at_once() {
     /// Holds the thread in its first batch until the test lets it go.

@@ -230,7 +230,8 @@ impl PrmEvaluator {
             max_batch_size: cfg.max_batch_size(),
             max_wait: Duration::from_millis(cfg.max_wait_ms()),
         };
-        // The engine's gate admits at most max_concurrency jobs, so the queue never needs more.
+        // The engine's gate admits at most max_concurrency jobs; the batcher's queue holds those
+        // and as many left behind by callers whose deadline passed while they waited.
         let batcher = Batcher::spawn(name, scorer, budget, max_concurrency)
             .map_err(|e| PrmLoadError(format!("cannot start the model thread: {e}")))?;
         Ok(PrmEvaluator {
