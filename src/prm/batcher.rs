@@ -102,6 +102,10 @@ pub enum BatchError {
 
 type ReplyTo = oneshot::Sender<Result<Scored, BatchError>>;
 
+/// Requests left in the queue by callers gone past their deadline that the queue holds beside
+/// live ones (see `Batcher::spawn`): each is a trace's token ids, dropped unscored.
+const LEFT_BEHIND: usize = 64;
+
 struct Pending {
     encoded: Encoded,
     reply: ReplyTo,
@@ -200,16 +204,18 @@ impl Life<'_> {
 
 impl Batcher {
     /// Starts the model thread for `scorer`, for callers whose gate admits `capacity` requests
-    /// at a time. The queue holds twice that: a request whose caller left (its deadline passed
-    /// while it waited for the model) keeps its slot until the thread reaches it and drops it,
-    /// while its caller's place at the gate is already another's.
+    /// at a time. A request whose caller left (its deadline passed while it waited for the
+    /// model) keeps its slot until the thread reaches it and drops it, while its caller's place
+    /// at the gate is already another's; during one long forward a chain of such callers, each
+    /// let through the gate with little time left, leaves several behind. So the queue holds
+    /// `LEFT_BEHIND` of them beside twice the gate's count.
     pub(super) fn spawn(
         name: &str,
         scorer: impl Scorer,
         budget: Budget,
         capacity: usize,
     ) -> std::io::Result<Batcher> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(2 * capacity);
+        let (tx, rx) = std::sync::mpsc::sync_channel(2 * capacity + LEFT_BEHIND);
         let (alive_tx, alive) = watch::channel(true);
         let guard = AliveGuard(alive_tx);
         let death = Arc::new(OnceLock::new());
