@@ -97,7 +97,8 @@ pub use prm::format::{
     TemplateError, TokenizeError, question_text,
 };
 pub use prm::head::{
-    DataFile as HeadDataFile, HEAD_VERSION, HeadConfig, HeadKind, LabelCounts, Layers as HeadLayers,
+    DataFile as HeadDataFile, HEAD_VERSION, HeadConfig, HeadKind, LabelCounts,
+    Layers as HeadLayers, PoolKind,
 };
 pub use prm::{
     Backend, BatchError, CandleConfig, DeviceSpec, Dtype, Limits, PrmConfig, PrmError,

@@ -5,18 +5,19 @@ use super::batcher::{CacheStats, Row, ScoreError, Scorer};
 use super::config::{DeviceSpec, Dtype, PrmConfig};
 use super::format::Encoded;
 use candle_core::{DType, Device};
-use retrace_model::{HeadSpec, ModelError, PrmModel, Reuse, SharedBase, TrainedSpec};
+use retrace_model::{HeadSpec, ModelError, PrmModel, Reuse, SharedBase, Span, TrainedSpec};
 use std::path::Path;
 
 impl Scorer for PrmModel {
     fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
-        let (rows, positions) = split(batch);
-        Ok(PrmModel::score(self, &rows, &positions)?)
+        let rows = Scorer::score_rows(self, batch)?;
+        Ok(rows.into_iter().map(|r| r.scores).collect())
     }
 
     fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
         let (rows, positions) = split(batch);
-        Ok(PrmModel::score_rows(self, &rows, &positions)?)
+        let spans: Vec<&[Span]> = batch.iter().map(|e| e.spans.as_slice()).collect();
+        Ok(PrmModel::score_spans(self, &rows, &positions, &spans)?)
     }
 
     fn cache(&self) -> Option<CacheStats> {

@@ -8,10 +8,13 @@ use super::batcher::{Budget, next_batch};
 use super::candle::load_model;
 use super::config::PrmConfig;
 use super::format::{Encoded, FormatError, Formatter, PrmKind};
+use super::head::PoolKind;
 use super::resolve_model;
 use crate::env::Env;
 use crate::trace::Trace;
-use retrace_model::{HeadSpec, ModelError, PrmModel, RowStates, Tokens, average_states};
+use retrace_model::{
+    HeadSpec, ModelError, PrmModel, RowStates, Tokens, average_states, span_reads,
+};
 use std::time::Duration;
 
 /// A base checkpoint and a format, ready to turn traces into features.
@@ -107,21 +110,26 @@ impl Extractor {
         progress: impl FnMut(Progress),
     ) -> Result<Vec<TraceFeatures>, ExtractError> {
         let mut out = Vec::with_capacity(traces.len());
-        self.extract_each(traces, taps, |_, f| out.push(f), progress)?;
+        self.extract_each(traces, taps, &[], |_, f| out.push(f), progress)?;
         Ok(out)
     }
 
     /// `extract`, handing each trace's features to `each` (with its index) as its batch
     /// finishes, in order, so a caller need not hold them all.
+    /// `pools` says where each tap is read (empty: every tap at the read); a tap read over
+    /// spans averages its state over each step's own tokens, which the format must mark.
     pub fn extract_each(
         &self,
         traces: &[Trace],
         taps: &[Vec<usize>],
+        pools: &[PoolKind],
         mut each: impl FnMut(usize, TraceFeatures),
         mut progress: impl FnMut(Progress),
     ) -> Result<(), ExtractError> {
         let (layers, picks) = self.layers(taps)?;
-        let encoded = self.encode_all(traces)?;
+        let pools = self.pools(taps, pools)?;
+        let spans = pools.contains(&PoolKind::Span);
+        let encoded = self.encode_all(traces, spans)?;
         let needed = |e: &Encoded| e.positions.iter().max().map_or(0, |p| p + 1);
         let mut done = Progress {
             traces: traces.len(),
@@ -133,13 +141,21 @@ impl Extractor {
             let n = next_batch(encoded[at..].iter().map(|e| e.ids.len()), &self.budget);
             let batch = &encoded[at..at + n];
             let rows: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
-            let positions: Vec<&[usize]> = batch.iter().map(|e| e.positions.as_slice()).collect();
+            // With spans, each row is read at its steps, then at every token of their spans.
+            let wide: Vec<Vec<usize>> = batch
+                .iter()
+                .map(|e| match spans {
+                    true => span_reads(&e.positions, &e.spans),
+                    false => e.positions.clone(),
+                })
+                .collect();
+            let positions: Vec<&[usize]> = wide.iter().map(Vec::as_slice).collect();
             let states = self.model.states(&rows, &positions, &layers)?;
             for (j, (row, e)) in states.into_iter().zip(batch).enumerate() {
                 done.tokens_done += row.tokens.computed + row.tokens.reused;
                 done.tokens_computed += row.tokens.computed;
                 let steps = (0..e.positions.len())
-                    .map(|r| per_tap(&row, r, &picks))
+                    .map(|r| per_tap(&row, r, &picks, &pools, e))
                     .collect();
                 each(
                     at + j,
@@ -184,8 +200,25 @@ impl Extractor {
         Ok((layers, picks))
     }
 
-    /// Every trace formatted, and checked against the base's context and vocabulary.
-    fn encode_all(&self, traces: &[Trace]) -> Result<Vec<Encoded>, ExtractError> {
+    /// Each tap's pool: `pools` as given, one per tap, or every tap at the read.
+    fn pools(
+        &self,
+        taps: &[Vec<usize>],
+        pools: &[PoolKind],
+    ) -> Result<Vec<PoolKind>, ExtractError> {
+        match pools.len() {
+            0 => Ok(vec![PoolKind::Read; taps.len()]),
+            n if n == taps.len() => Ok(pools.to_vec()),
+            n => Err(ExtractError::Load(format!(
+                "{n} pools for {} taps",
+                taps.len()
+            ))),
+        }
+    }
+
+    /// Every trace formatted, and checked against the base's context and vocabulary (and, when
+    /// `spans`, that its format marked each step's tokens).
+    fn encode_all(&self, traces: &[Trace], spans: bool) -> Result<Vec<Encoded>, ExtractError> {
         let (limit, vocab) = (self.model.max_positions(), self.model.vocab_size());
         traces
             .iter()
@@ -202,6 +235,11 @@ impl Extractor {
                     )
                 } else if let Some(id) = e.ids.iter().find(|&&id| id as usize >= vocab) {
                     format!("token id {id} is outside the base's vocabulary of {vocab}")
+                } else if spans && e.spans.len() != e.positions.len() {
+                    "a tap reads each step's own tokens, and the format marked none for this \
+                     trace (chat-lm and rlhflow mark them, unless the chat template rewrote a \
+                     step's text)"
+                        .to_string()
                 } else {
                     return Ok(e);
                 };
@@ -211,14 +249,33 @@ impl Extractor {
     }
 }
 
-/// Read `r`'s feature for each tap: its layers' states averaged (`picks`: indices into the
-/// layers `row` holds).
-fn per_tap(row: &RowStates, r: usize, picks: &[Vec<usize>]) -> Vec<Vec<f32>> {
+/// Step `r`'s feature for each tap: its layers' states averaged (`picks`: indices into the
+/// layers `row` holds), at the step's read or, for a span tap, at each of its tokens and then
+/// averaged over them (`row` read as `span_reads` lays out `e`), as the served head does.
+fn per_tap(
+    row: &RowStates,
+    r: usize,
+    picks: &[Vec<usize>],
+    pools: &[PoolKind],
+    e: &Encoded,
+) -> Vec<Vec<f32>> {
+    let at = |pick: &[usize], read: usize| {
+        let states: Vec<&[f32]> = pick.iter().map(|&l| row.at(l, read)).collect();
+        average_states(&states)
+    };
     picks
         .iter()
-        .map(|pick| {
-            let states: Vec<&[f32]> = pick.iter().map(|&l| row.at(l, r)).collect();
-            average_states(&states)
+        .zip(pools)
+        .map(|(pick, pool)| match pool {
+            PoolKind::Read => at(pick, r),
+            PoolKind::Span => {
+                let before: usize = e.spans[..r].iter().map(|s| s.len()).sum();
+                let first = e.positions.len() + before;
+                let tokens: Vec<Vec<f32>> = (first..first + e.spans[r].len())
+                    .map(|t| at(pick, t))
+                    .collect();
+                average_states(&tokens.iter().map(Vec::as_slice).collect::<Vec<_>>())
+            }
         })
         .collect()
 }

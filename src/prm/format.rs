@@ -5,7 +5,7 @@ pub use super::family::{Family, PrmKind};
 pub use super::template::TemplateError;
 use super::template::{ChatTemplate, Message, special_token};
 use crate::trace::Trace;
-use retrace_model::HeadSpec;
+use retrace_model::{HeadSpec, Span};
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
 
@@ -21,11 +21,13 @@ pub(crate) const OUTCOME_STEP_JOIN: &str = "\n\n";
 /// Stands in for each assistant "+" while rendering, so its place in the text is known exactly.
 const SENTINEL: &str = "\u{E000}";
 
-/// A trace ready for the model: ids, and one read position per step.
+/// A trace ready for the model: ids, one read position per step, and where a family marks
+/// them, each step's own tokens (empty where it does not).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Encoded {
     pub ids: Vec<u32>,
     pub positions: Vec<usize>,
+    pub spans: Vec<Span>,
 }
 
 /// Why a trace can't be formatted; `step` names the culprit when one step is.
@@ -323,7 +325,11 @@ impl Formatter {
             positions.push(ids.len());
             ids.push(self.tag_id);
         }
-        Ok(Encoded { ids, positions })
+        Ok(Encoded {
+            ids,
+            positions,
+            spans: Vec::new(),
+        })
     }
 
     fn shepherd(&self, q: &str, steps: &[&str]) -> Result<Encoded, FormatError> {
@@ -372,6 +378,7 @@ impl Formatter {
         Ok(Encoded {
             ids,
             positions: vec![read],
+            spans: Vec::new(),
         })
     }
 
@@ -384,7 +391,11 @@ impl Formatter {
                 positions.len()
             )));
         }
-        Ok(Encoded { ids, positions })
+        Ok(Encoded {
+            ids,
+            positions,
+            spans: Vec::new(),
+        })
     }
 
     /// After `opening`, one user turn per step (`first` words the first, `rest` the others), each
@@ -407,12 +418,14 @@ impl Formatter {
                 content: SENTINEL.into(),
             });
         }
-        self.render_turns(&messages, steps.len())
+        self.render_turns(&messages, steps)
     }
 
     /// Renders a conversation whose assistant turns are `SENTINEL`, puts "+" in their place, and
-    /// reads each step at the token just before its "+".
-    fn render_turns(&self, messages: &[Message], steps: usize) -> Result<Encoded, FormatError> {
+    /// reads each step at the token just before its "+"; each step's span is the tokens of its
+    /// text (`steps`) in its user turn.
+    fn render_turns(&self, messages: &[Message], texts: &[&str]) -> Result<Encoded, FormatError> {
+        let steps = texts.len();
         for (i, m) in messages.iter().filter(|m| m.role == "user").enumerate() {
             if m.content.contains(SENTINEL) {
                 return Err(FormatError::Step {
@@ -463,8 +476,42 @@ impl Formatter {
         Ok(Encoded {
             ids: ids.to_vec(),
             positions,
+            spans: step_spans(&text, &plus_at, texts, offsets),
         })
     }
+}
+
+/// Each step's tokens: those that overlap the last occurrence of its text (`texts[k]`, trimmed)
+/// before its "+" (`plus_at[k]`) and after the one before. None when some step's text is not found
+/// there as given (a template that rewrote it), so a head that reads spans refuses the trace
+/// rather than read other tokens.
+fn step_spans(
+    text: &str,
+    plus_at: &[usize],
+    texts: &[&str],
+    offsets: &[(usize, usize)],
+) -> Vec<Span> {
+    let mut spans = Vec::with_capacity(texts.len());
+    let mut from = 0;
+    for (&at, step) in plus_at.iter().zip(texts) {
+        // Templates that trim a turn's content (Llama 3's) keep the trimmed text.
+        let step = step.trim();
+        if step.is_empty() {
+            return Vec::new();
+        }
+        let Some(start) = text[from..at].rfind(step).map(|i| from + i) else {
+            return Vec::new();
+        };
+        let end = start + step.len();
+        let first = offsets.partition_point(|o| o.1 <= start);
+        let last = offsets.partition_point(|o| o.0 < end);
+        if first >= last {
+            return Vec::new();
+        }
+        spans.push(first..last);
+        from = at + 1;
+    }
+    spans
 }
 
 /// Refuses steps that contain a family's step tag: it would add a score the caller didn't ask for.

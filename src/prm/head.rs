@@ -7,7 +7,7 @@
 use super::config::Dtype;
 use super::format::Family;
 use crate::trace::ErrorCategory;
-use retrace_model::{HEAD_CONFIG, TrainedKind, TrainedSpec, checkpoint_sha256};
+use retrace_model::{HEAD_CONFIG, Pool, TrainedKind, TrainedSpec, checkpoint_sha256};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -34,6 +34,10 @@ pub struct HeadConfig {
     pub format: Family,
     /// The decoder layers the feature reads; `num_hidden_layers` is after the final norm.
     pub layers: Layers,
+    /// Where each group of `layers` is read, in order: `read` (at the step's read position)
+    /// or `span` (the mean over the step's own tokens). Omitted: every group at the read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolKind>,
     pub hidden_size: usize,
     pub head: HeadKind,
     /// Hidden units of an `mlp` head.
@@ -103,6 +107,26 @@ impl<'de> Deserialize<'de> for Layers {
                     "`layers` is a list of layers ([26, 27]) or of groups of layers ([[15], [26, 27]])",
                 )
             })
+    }
+}
+
+/// Where a group of layers is read for a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolKind {
+    /// At the step's read position.
+    Read,
+    /// The mean over the step's own tokens, which only conversation formats (`chat-lm`,
+    /// `rlhflow`) mark.
+    Span,
+}
+
+impl PoolKind {
+    fn model(self) -> Pool {
+        match self {
+            PoolKind::Read => Pool::Read,
+            PoolKind::Span => Pool::Span,
+        }
     }
 }
 
@@ -189,6 +213,7 @@ impl HeadConfig {
         if self.layers.0.is_empty() || self.layers.0.iter().any(Vec::is_empty) {
             return Err(("layers", "lists no layer".into()));
         }
+        self.check_pools()?;
         if self.hidden_size == 0 {
             return Err(("hidden_size", "must be at least 1".into()));
         }
@@ -229,12 +254,36 @@ impl HeadConfig {
         Ok(())
     }
 
+    /// One pool per group, and spans only where the format marks them.
+    fn check_pools(&self) -> Result<(), (&'static str, String)> {
+        let (pools, groups) = (self.pools.len(), self.layers.0.len());
+        if pools != 0 && pools != groups {
+            return Err((
+                "pools",
+                format!("names {pools} pools for {groups} groups of layers"),
+            ));
+        }
+        let conversation = matches!(self.format, Family::ChatLm | Family::Rlhflow);
+        if self.pools.contains(&PoolKind::Span) && !conversation {
+            return Err((
+                "pools",
+                format!(
+                    "\"span\" reads each step's own tokens, which format {} does not mark \
+                     (chat-lm and rlhflow do)",
+                    self.format.as_str()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The model's view of the head in `dir`.
     pub(crate) fn spec(&self, dir: &Path) -> TrainedSpec {
         TrainedSpec {
             dir: dir.to_path_buf(),
             groups: self.layers.0.clone(),
             hidden_size: self.hidden_size,
+            pools: self.pools.iter().map(|p| p.model()).collect(),
             kind: match self.head {
                 HeadKind::Logistic => TrainedKind::Logistic,
                 HeadKind::Mlp => TrainedKind::Mlp {

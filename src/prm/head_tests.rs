@@ -270,3 +270,44 @@ fn a_trace_head_needs_its_width_and_only_it() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn pools_name_one_per_group_and_spans_only_where_the_format_marks_them() {
+    let dir = temp("pools");
+    let mut v = example();
+    v["layers"] = json!([[15], [15]]);
+    v["pools"] = json!(["read", "span"]);
+    write(&dir, &v);
+    let c = HeadConfig::read(&dir).unwrap();
+    assert_eq!(c.spec(&dir).pools, vec![Pool::Read, Pool::Span]);
+    assert!(c.spec(&dir).reads_spans());
+    assert_eq!(
+        serde_json::to_value(&c).unwrap()["pools"],
+        json!(["read", "span"])
+    );
+    // Left out, every group is read at the read, and nothing is written back.
+    let plain = HeadConfig::read(&{
+        write(&dir, &example());
+        dir.clone()
+    })
+    .unwrap();
+    assert!(plain.spec(&dir).pools.is_empty());
+    assert!(serde_json::to_value(&plain).unwrap().get("pools").is_none());
+    let bad = [
+        (json!(["span"]), "chat-lm", "names 1 pools for 2 groups"),
+        (json!(["read", "mean"]), "chat-lm", "unknown variant `mean`"),
+        (
+            json!(["read", "span"]),
+            "qwen2-math-prm",
+            "which format qwen2-math-prm does not mark",
+        ),
+    ];
+    for (pools, format, want) in bad {
+        v["pools"] = pools;
+        v["format"] = json!(format);
+        write(&dir, &v);
+        let err = HeadConfig::read(&dir).unwrap_err();
+        assert!(err.contains(want), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

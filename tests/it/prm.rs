@@ -107,6 +107,33 @@ fn assert_formats(family: &str, dir: &Path, fixture: &Fixture) {
             c.id
         );
         assert_eq!(e.positions.len(), c.steps.len());
+        assert_spans(family, dir, &e, c);
+    }
+}
+
+/// Conversation formats mark each step's own tokens: they decode to text holding the step's,
+/// and lie after the previous step's read and before the step's own. Others mark none.
+fn assert_spans(family: &str, dir: &Path, e: &retrace::Encoded, c: &Case) {
+    if !matches!(family, "chat-lm" | "rlhflow") {
+        assert!(e.spans.is_empty(), "{family} {}: {:?}", c.id, e.spans);
+        return;
+    }
+    assert_eq!(e.spans.len(), c.steps.len(), "{family} {}", c.id);
+    let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    for (k, (span, step)) in e.spans.iter().zip(&c.steps).enumerate() {
+        let text = tokenizer.decode(&e.ids[span.clone()], false).unwrap();
+        assert!(
+            text.contains(step.trim()),
+            "{family} {} step {k}: {text:?} lacks {step:?}",
+            c.id
+        );
+        let after = if k == 0 { 0 } else { e.positions[k - 1] + 1 };
+        assert!(
+            span.start >= after && span.end <= e.positions[k],
+            "{family} {} step {k}: span {span:?}, reads {:?}",
+            c.id,
+            e.positions
+        );
     }
 }
 

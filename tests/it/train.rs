@@ -524,6 +524,23 @@ async fn a_served_head_on_concatenated_taps_scores_dev_as_training_did() {
     assert_eq!(config["layers"], serde_json::json!([[1], [2]]));
 }
 
+#[tokio::test]
+async fn a_served_head_on_the_steps_tokens_scores_dev_as_training_did() {
+    let config = served_as_trained(
+        &[
+            os("--taps"),
+            os("final+span:middle"),
+            os("--head"),
+            os("mlp"),
+        ],
+        "mlp",
+    )
+    .await;
+    // The final state at the read, beside layer 1's mean over each step's own tokens.
+    assert_eq!(config["layers"], serde_json::json!([[2], [1]]));
+    assert_eq!(config["pools"], serde_json::json!(["read", "span"]));
+}
+
 /// Trains a head on the tiny base with `extra` options, expects its kind to match `kinds`
 /// (alternatives split by `|`), serves it and compares every dev and test trace's scores;
 /// returns the head's config.

@@ -8,6 +8,7 @@ use crate::error::ModelError;
 use crate::head::{Head, Reading};
 use crate::plan::Layout;
 use crate::prefix_cache::{Hit, PrefixCache};
+use crate::spans::{Span, SpanRows, span_reads};
 use candle_core::DType;
 use std::sync::Mutex;
 
@@ -73,17 +74,38 @@ impl Batch<'_> {
     /// Scores `rows` at `positions` (checked by the caller). With the cache on, each row starts
     /// from its longest cached prefix, and what the batch computes is cached after (as much as
     /// the budget holds, least recently used evicted first).
+    /// A head that reads each step's own tokens reads `spans` too (one per position, checked
+    /// here), its pass laid out by `span_reads`; other heads ignore them.
     pub(crate) fn score(
         &self,
         rows: &[&[u32]],
         positions: &[&[usize]],
+        spans: Option<&[&[Span]]>,
     ) -> Result<Vec<Row>, ModelError> {
         if positions.iter().all(|p| p.is_empty()) {
             return Ok(rows.iter().map(|_| no_reads()).collect());
         }
-        let pass = self.pass(rows, positions, self.head.taps())?;
         let reads: Vec<usize> = positions.iter().map(|p| p.len()).collect();
-        let read = self.head.read(&pass.out, &reads)?;
+        let (pass, read) = match spans.filter(|_| self.head.reads_spans()) {
+            Some(spans) => {
+                let at = SpanRows::new(positions, spans).map_err(ModelError::BadInput)?;
+                let wide: Vec<Vec<usize>> = positions
+                    .iter()
+                    .zip(spans)
+                    .map(|(p, s)| span_reads(p, s))
+                    .collect();
+                let wide: Vec<&[usize]> = wide.iter().map(Vec::as_slice).collect();
+                check_spans(rows, &wide)?;
+                let pass = self.pass(rows, &wide, self.head.taps())?;
+                let read = self.head.read(&pass.out, &reads, Some(&at))?;
+                (pass, read)
+            }
+            None => {
+                let pass = self.pass(rows, positions, self.head.taps())?;
+                let read = self.head.read(&pass.out, &reads, None)?;
+                (pass, read)
+            }
+        };
         let tokens = row_tokens(&pass.layout, &read_lengths(positions));
         Ok(split_rows(read, positions, tokens))
     }
@@ -174,6 +196,19 @@ impl Batch<'_> {
         }
         Ok(Pass { layout, out })
     }
+}
+
+/// That every span lies inside its row.
+fn check_spans(rows: &[&[u32]], wide: &[&[usize]]) -> Result<(), ModelError> {
+    for (b, (row, pos)) in rows.iter().zip(wide).enumerate() {
+        if let Some(p) = pos.iter().find(|p| **p >= row.len()) {
+            return Err(ModelError::BadInput(format!(
+                "row {b}: a step's span reaches position {p}, past its {} tokens",
+                row.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The result for a row with nothing to read.

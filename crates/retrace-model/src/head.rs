@@ -6,6 +6,7 @@ use crate::config::ModelConfig;
 use crate::decoder::Output;
 use crate::error::ModelError;
 use crate::layers::Emb;
+use crate::spans::SpanRows;
 use crate::trained::{Trained, TrainedSpec};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Module, Result, Tensor};
@@ -131,12 +132,23 @@ impl Head {
         }
     }
 
+    /// Whether the head reads each step's own tokens (a trained head pooling over spans).
+    pub(crate) fn reads_spans(&self) -> bool {
+        matches!(self, Self::Trained(t) if t.reads_spans())
+    }
+
     /// The head at a pass's reads (`rows`: how many each row of the batch has): one score in
-    /// [0, 1] per read, and a trained head's category probabilities.
-    pub(crate) fn read(&self, out: &Output, rows: &[usize]) -> Result<Reading> {
+    /// [0, 1] per read, and a trained head's category probabilities. `spans`: where the
+    /// steps' spans lie among the pass's reads, for a head that reads them.
+    pub(crate) fn read(
+        &self,
+        out: &Output,
+        rows: &[usize],
+        spans: Option<&SpanRows>,
+    ) -> Result<Reading> {
         match self {
             Self::Trained(t) => {
-                let (scores, categories) = t.read(&out.taps, rows)?;
+                let (scores, categories) = t.read(&out.taps, rows, spans)?;
                 Ok(Reading { scores, categories })
             }
             Self::States => {

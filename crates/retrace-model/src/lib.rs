@@ -60,6 +60,7 @@ mod layers;
 mod model;
 mod plan;
 mod prefix_cache;
+mod spans;
 mod trace_probe;
 mod trained;
 mod weights;
@@ -73,7 +74,8 @@ pub use gguf::{Gguf, is_gguf};
 pub use head::HeadSpec;
 pub use kernels::Kernels;
 pub use model::{CacheStats, PrmModel, Reuse, SharedBase};
+pub use spans::{Span, span_reads};
 pub use trace_probe::TraceProbe;
 pub use trained::{
-    HEAD_CONFIG, HEAD_WEIGHTS, TrainedKind, TrainedSpec, average_states, head_tensors,
+    HEAD_CONFIG, HEAD_WEIGHTS, Pool, TrainedKind, TrainedSpec, average_states, head_tensors,
 };

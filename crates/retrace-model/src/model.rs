@@ -11,6 +11,7 @@ use crate::gguf::{Gguf, GgufTensors, is_gguf};
 use crate::head::{Head, HeadSpec, matrix_rows};
 use crate::kernels::Kernels;
 use crate::prefix_cache::PrefixCache;
+use crate::spans::Span;
 use crate::trained::{Trained, TrainedSpec};
 use crate::weights::FileTensors;
 use candle_core::safetensors::MmapedSafetensors;
@@ -322,7 +323,25 @@ impl PrmModel {
         positions: &[&[usize]],
     ) -> Result<Vec<Row>, ModelError> {
         self.check_input(batch, positions)?;
-        self.batch().score(batch, positions)
+        self.batch().score(batch, positions, None)
+    }
+
+    /// `score_rows` with each read's step span (its own tokens, `spans[b][k]` for
+    /// `positions[b][k]`), which a trained head that pools over spans reads; other heads
+    /// ignore them. A span head scored without spans is refused.
+    pub fn score_spans(
+        &self,
+        batch: &[&[u32]],
+        positions: &[&[usize]],
+        spans: &[&[Span]],
+    ) -> Result<Vec<Row>, ModelError> {
+        self.check_input(batch, positions)?;
+        self.batch().score(batch, positions, Some(spans))
+    }
+
+    /// Whether the head reads each step's own tokens (`score_spans`).
+    pub fn reads_spans(&self) -> bool {
+        self.head.reads_spans()
     }
 
     fn batch(&self) -> Batch<'_> {

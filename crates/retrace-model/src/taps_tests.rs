@@ -6,7 +6,8 @@
 use super::tests::{Case, cases, fixture, head_for};
 use super::*;
 use crate::kernels::testing::{Gap, max_gap};
-use crate::trained::{TrainedKind, TrainedSpec, average_states};
+use crate::spans::{Span, span_reads};
+use crate::trained::{Pool, TrainedKind, TrainedSpec, average_states};
 use candle_core::Tensor;
 use std::collections::HashMap;
 
@@ -319,6 +320,7 @@ fn a_trained_head_scores_sigmoid_of_its_weights_on_the_averaged_taps() {
                 .map(|g| g.iter().map(|&i| layers[i]).collect())
                 .collect(),
             hidden_size: h,
+            pools: Vec::new(),
             kind: m.map_or(TrainedKind::Logistic, |hidden| TrainedKind::Mlp { hidden }),
             categories: k,
         };
@@ -363,6 +365,83 @@ fn a_trained_head_scores_sigmoid_of_its_weights_on_the_averaged_taps() {
 }
 
 #[test]
+fn a_span_head_scores_the_mean_over_each_steps_tokens_beside_the_read() {
+    let folder = fixture("chat-lm");
+    let plain = states_model(&folder);
+    let h = plain.hidden_size();
+    let cases = cases("chat-lm");
+    let (rows, pos) = rows_of(&cases);
+    // Each step's span: the tokens after the previous read up to its own (the first step's
+    // from halfway to its read), as a format would mark its text.
+    let spans: Vec<Vec<Span>> = pos
+        .iter()
+        .map(|p| {
+            p.iter()
+                .enumerate()
+                .map(|(k, &at)| match k {
+                    0 => at / 2..at,
+                    _ => p[k - 1] + 1..at,
+                })
+                .collect()
+        })
+        .collect();
+    let span_refs: Vec<&[Span]> = spans.iter().map(Vec::as_slice).collect();
+    let layers = [0, 2];
+    let dir = temp("span-head");
+    let (m, k) = (Some(8), 4);
+    let t = head_tensors(2 * h, m, k);
+    write_head(&dir, &t, &shapes(2 * h, 8, k));
+    let spec = TrainedSpec {
+        dir: dir.clone(),
+        groups: vec![layers.to_vec(), vec![2]],
+        hidden_size: h,
+        pools: vec![Pool::Read, Pool::Span],
+        kind: TrainedKind::Mlp { hidden: 8 },
+        categories: k,
+    };
+    let model = PrmModel::load(&folder, HeadSpec::Trained(spec), &Device::Cpu, DType::F32)
+        .unwrap()
+        .with_reuse(Reuse {
+            cache_bytes: 16 << 20,
+            share: true,
+        });
+    assert!(model.reads_spans());
+    let mut d = 0.0f64;
+    for _round in 0..2 {
+        let got = model.score_spans(&rows, &pos, &span_refs).unwrap();
+        for (b, row) in got.iter().enumerate() {
+            let wide = span_reads(pos[b], &spans[b]);
+            let st = &plain.states(&rows[b..=b], &[&wide], &layers).unwrap()[0];
+            let mut first = pos[b].len();
+            for (r, p) in row.scores.iter().enumerate() {
+                let mut f = average_states(&[st.at(0, r), st.at(1, r)]);
+                let tokens: Vec<&[f32]> = (first..first + spans[b][r].len())
+                    .map(|i| st.at(1, i))
+                    .collect();
+                first += spans[b][r].len();
+                f.extend(average_states(&tokens));
+                let (want, _) = expected(&t, &f, m, k);
+                d = d.max(max_gap(&[*p], &[want], Gap::Abs));
+            }
+        }
+    }
+    assert!(d < 1e-5, "span head: scores differ by {d}");
+    // Without spans, or with a span that holds no token, the head refuses the batch.
+    let err = model.score_rows(&rows, &pos).unwrap_err().to_string();
+    assert!(err.contains("own tokens"), "{err}");
+    let mut empty = spans[0].clone();
+    empty[0] = 3..3;
+    let err = model
+        .score_spans(&rows[..1], &pos[..1], &[&empty])
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("step 0's span holds no token"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn heads_on_a_shared_base_hold_one_copy_and_score_as_if_each_had_its_own() {
     let folder = fixture("chat-lm");
     let base = SharedBase::load(&folder, &Device::Cpu, DType::F32).unwrap();
@@ -377,6 +456,7 @@ fn heads_on_a_shared_base_hold_one_copy_and_score_as_if_each_had_its_own() {
             dir: dir.clone(),
             groups: vec![vec![1]],
             hidden_size: h,
+            pools: Vec::new(),
             kind: m.map_or(TrainedKind::Logistic, |hidden| TrainedKind::Mlp { hidden }),
             categories: k,
         };
@@ -411,6 +491,7 @@ fn a_bad_trained_head_is_refused_naming_its_file() {
         dir: dir.clone(),
         groups: vec![layers],
         hidden_size,
+        pools: Vec::new(),
         kind: TrainedKind::Logistic,
         categories: 0,
     };

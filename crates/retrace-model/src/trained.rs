@@ -6,6 +6,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
+use crate::spans::SpanRows;
 use crate::trace_probe::TraceProbe;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::Linear;
@@ -58,9 +59,29 @@ pub struct TrainedSpec {
     pub groups: Vec<Vec<usize>>,
     /// The base's hidden size the head was trained on.
     pub hidden_size: usize,
+    /// How each group is read, in group order: at the step's read position, or averaged over
+    /// the step's own tokens. Empty: every group at the read.
+    pub pools: Vec<Pool>,
     pub kind: TrainedKind,
     /// Rows of the category head; 0 when it has none.
     pub categories: usize,
+}
+
+/// Where a group of layers is read for a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pool {
+    /// At the step's read position.
+    #[default]
+    Read,
+    /// The mean over the step's own tokens (`crate::spans`).
+    Span,
+}
+
+impl TrainedSpec {
+    /// Whether some group is read over the steps' spans, so the head needs them.
+    pub fn reads_spans(&self) -> bool {
+        self.pools.contains(&Pool::Span)
+    }
 }
 
 /// The step head's shape.
@@ -79,6 +100,8 @@ pub(crate) struct Trained {
     layers: Vec<usize>,
     /// Each group as indices into `layers`.
     groups: Vec<Vec<usize>>,
+    /// Each group's pool, in group order.
+    pools: Vec<Pool>,
     /// (1, D) each, D = H x groups: x = (f - mean) / scale.
     mean: Tensor,
     scale: Tensor,
@@ -216,9 +239,14 @@ impl Trained {
             )?),
         };
         let (layers, groups) = tapped(&spec.groups);
+        let pools = match spec.pools.as_slice() {
+            [] => vec![Pool::Read; groups.len()],
+            p => p.to_vec(),
+        };
         Ok(Self {
             layers,
             groups,
+            pools,
             mean,
             scale: scale.reshape((1, h))?,
             step,
@@ -230,16 +258,22 @@ impl Trained {
         &self.layers
     }
 
+    pub(crate) fn reads_spans(&self) -> bool {
+        self.pools.contains(&Pool::Span)
+    }
+
     /// The head over the tapped layers' states (`taps`, (reads, H) each, in `layers` order;
     /// `rows`: how many reads each row of the batch has, row after row): each read's score, and
-    /// its category probabilities (none without a category head).
+    /// its category probabilities (none without a category head). With `spans`, the taps'
+    /// rows are laid out by `crate::spans::span_reads` and `spans` says where.
     pub(crate) fn read(
         &self,
         taps: &[Tensor],
         rows: &[usize],
+        spans: Option<&SpanRows>,
     ) -> candle_core::Result<(Vec<f32>, Vec<Vec<f32>>)> {
         let x = self
-            .feature(taps)?
+            .feature(taps, spans)?
             .broadcast_sub(&self.mean)?
             .broadcast_div(&self.scale)?;
         let z = match &self.step {
@@ -259,18 +293,31 @@ impl Trained {
 }
 
 impl Trained {
-    /// The feature at each read: each group's mean, concatenated in group order.
-    fn feature(&self, taps: &[Tensor]) -> candle_core::Result<Tensor> {
+    /// The feature at each read: each group's mean (at the read, or over the step's span),
+    /// concatenated in group order.
+    fn feature(&self, taps: &[Tensor], spans: Option<&SpanRows>) -> candle_core::Result<Tensor> {
+        if spans.is_none() && self.reads_spans() {
+            candle_core::bail!("this head reads each step's own tokens; its format marks none")
+        }
         let means = self
             .groups
             .iter()
-            .map(|g| {
+            .zip(&self.pools)
+            .map(|(g, pool)| {
                 let states = g
                     .iter()
                     .map(|&i| taps.get(i).cloned())
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| candle_core::Error::Msg("a tapped layer is missing".into()))?;
-                average(&states)
+                let mean = average(&states)?;
+                match (spans, pool) {
+                    (None, _) => Ok(mean),
+                    (Some(s), Pool::Read) => {
+                        let idx = Tensor::new(s.reads.as_slice(), mean.device())?;
+                        mean.index_select(&idx, 0)
+                    }
+                    (Some(s), Pool::Span) => span_means(&mean, s),
+                }
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
         match means.as_slice() {
@@ -316,6 +363,17 @@ fn per_row(probe: &TraceProbe, x: &Tensor, rows: &[usize]) -> candle_core::Resul
     Tensor::cat(&out, 0)
 }
 
+/// Each span's rows of `x` averaged (summed in order, then divided by their count, as
+/// `average_states` does), (spans, H).
+fn span_means(x: &Tensor, rows: &SpanRows) -> candle_core::Result<Tensor> {
+    let means = rows
+        .spans
+        .iter()
+        .map(|s| x.narrow(0, s.start, s.len())?.sum_keepdim(0)? / s.len() as f64)
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Tensor::cat(&means, 0)
+}
+
 /// The feature: the layers' states summed in f32 in order, then divided by their count.
 fn average(taps: &[Tensor]) -> candle_core::Result<Tensor> {
     let (first, rest) = taps
@@ -355,6 +413,16 @@ fn check_spec(spec: &TrainedSpec, cfg: &ModelConfig) -> Result<(), ModelError> {
     let n = cfg.num_hidden_layers;
     if spec.groups.is_empty() || spec.groups.iter().any(Vec::is_empty) {
         return Err(bad("layers", "lists no layer".into()));
+    }
+    if !spec.pools.is_empty() && spec.pools.len() != spec.groups.len() {
+        return Err(bad(
+            "pools",
+            format!(
+                "names {} pools for {} groups of layers",
+                spec.pools.len(),
+                spec.groups.len()
+            ),
+        ));
     }
     if let Some(l) = spec.groups.iter().flatten().find(|&&l| l > n) {
         return Err(bad(

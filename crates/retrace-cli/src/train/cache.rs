@@ -23,6 +23,10 @@ pub(crate) struct Key {
     pub(crate) format: String,
     /// Each tap's layers, in order.
     pub(crate) taps: Vec<Vec<usize>>,
+    /// Where each tap is read, when some tap is read over the steps' tokens; empty when
+    /// every one is read at the read position (so such keys name what they always named).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) pools: Vec<retrace::PoolKind>,
     /// The device kind and dtype the base ran in ("cpu f32").
     pub(crate) precision: String,
     pub(crate) file_sha256: String,
@@ -152,6 +156,7 @@ mod tests {
             base_sha256: "b".into(),
             format: "chat-lm".into(),
             taps: vec![vec![2], vec![0, 1]],
+            pools: Vec::new(),
             precision: "cpu f32".into(),
             file_sha256: file.into(),
         }

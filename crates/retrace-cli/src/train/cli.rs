@@ -383,6 +383,7 @@ fn head_config(
         dtype: Some(base.dtype),
         format: base.format,
         layers: retrace::HeadLayers(tap.parts.clone()),
+        pools: tap.recorded_pools(),
         hidden_size: base.extractor.hidden_size(),
         head,
         mlp_hidden,

@@ -5,11 +5,12 @@ use super::TrainError;
 use super::cache::{Entry, FeatureCache, Key};
 use super::data::{Dataset, Labelled};
 use super::progress::Progress;
+use super::taps::Part;
 use crate::common::DataError;
 use candle_core::{Device, Tensor};
-use retrace::Family;
 use retrace::{Backend, CandleConfig, DeviceSpec, Dtype, PrmConfig};
 use retrace::{ExtractError, Extractor};
+use retrace::{Family, PoolKind};
 use retrace::{Step, Trace};
 use std::path::{Path, PathBuf};
 
@@ -68,13 +69,18 @@ pub(crate) fn load_base(
 /// from the cache or extracted and cached.
 pub(crate) fn features(
     base: &Base,
-    taps: &[Vec<usize>],
+    parts: &[Part],
     sets: &[&Dataset],
     cache: &FeatureCache,
     progress: &Progress,
 ) -> Result<(Vec<Tensor>, Extraction), TrainError> {
     let started = std::time::Instant::now();
-    let mut parts: Vec<Vec<Tensor>> = vec![Vec::new(); taps.len()];
+    let taps: Vec<Vec<usize>> = parts.iter().map(|p| p.0.clone()).collect();
+    let pools: Vec<PoolKind> = match parts.iter().all(|p| p.1 == PoolKind::Read) {
+        true => Vec::new(),
+        false => parts.iter().map(|p| p.1).collect(),
+    };
+    let mut columns: Vec<Vec<Tensor>> = vec![Vec::new(); taps.len()];
     let mut done = Extraction::default();
     for set in sets {
         for (f, file) in set.files.iter().enumerate() {
@@ -84,7 +90,8 @@ pub(crate) fn features(
                 retrace: env!("CARGO_PKG_VERSION").into(),
                 base_sha256: base.sha256.clone(),
                 format: base.format.as_str().into(),
-                taps: taps.to_vec(),
+                taps: taps.clone(),
+                pools: pools.clone(),
                 precision: base.precision.clone(),
                 file_sha256: file.sha256.clone(),
             };
@@ -95,19 +102,19 @@ pub(crate) fn features(
                 }
                 None => {
                     let path = Path::new(&file.path);
-                    let (entry, tokens) = extract(base, taps, &traces, path, progress)?;
+                    let (entry, tokens) = extract(base, (&taps, &pools), &traces, path, progress)?;
                     cache.put(&key, path, &entry)?;
                     done.traces += traces.len();
                     done.tokens += tokens;
                     entry
                 }
             };
-            for (part, t) in parts.iter_mut().zip(entry.taps) {
-                part.push(t);
+            for (column, t) in columns.iter_mut().zip(entry.taps) {
+                column.push(t);
             }
         }
     }
-    let rows = parts
+    let rows = columns
         .iter()
         .map(|p| Ok(Tensor::cat(p, 0)?))
         .collect::<Result<_, TrainError>>()?;
@@ -148,7 +155,7 @@ fn trace_of(t: &Labelled) -> Trace {
 /// error naming its file and line.
 fn extract(
     base: &Base,
-    layers: &[Vec<usize>],
+    (layers, pools): (&[Vec<usize>], &[PoolKind]),
     labelled: &[&Labelled],
     file: &Path,
     progress: &Progress,
@@ -163,6 +170,7 @@ fn extract(
         .extract_each(
             &traces,
             layers,
+            pools,
             |_, f| {
                 steps.push(f.steps.len());
                 for step in f.steps {

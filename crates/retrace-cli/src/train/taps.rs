@@ -2,32 +2,48 @@
 //! (`final`, `topN`, `middle`, a layer `N`, a range `A-B`, each averaged, or parts joined by
 //! `+`, whose means are concatenated) and resolved against the base's layer count; layer
 //! `num_hidden_layers` is the state after the final norm. `topN` on a base of fewer than N
-//! layers averages all of them.
+//! layers averages all of them. A part `span:X` reads X's mean over each step's own tokens
+//! rather than at the step's read position.
 
 use super::TrainError;
 use candle_core::Tensor;
+use retrace::PoolKind;
 
-/// A candidate feature: its name as given and its parts, each the 0-based layers averaged;
-/// the parts' means are concatenated in order.
+/// A candidate feature: its name as given and its parts, each the 0-based layers averaged
+/// (at the read, or over the step's tokens: `pools`, one per part); the parts' means are
+/// concatenated in order.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct Tap {
     pub(crate) name: String,
     pub(crate) parts: Vec<Vec<usize>>,
+    pub(crate) pools: Vec<PoolKind>,
 }
 
+/// One part as the base is asked for it: its layers and where they are read.
+pub(crate) type Part = (Vec<usize>, PoolKind);
+
 impl Tap {
+    /// The tap's parts with their pools.
+    pub(crate) fn with_pools(&self) -> impl Iterator<Item = Part> + '_ {
+        self.parts.iter().cloned().zip(self.pools.iter().copied())
+    }
+
+    /// The pools a head folder records: none when every part is read at the read position,
+    /// so such a folder reads as it did before pools existed.
+    pub(crate) fn recorded_pools(&self) -> Vec<PoolKind> {
+        match self.pools.iter().all(|p| *p == PoolKind::Read) {
+            true => Vec::new(),
+            false => self.pools.clone(),
+        }
+    }
+
     /// The tap's feature rows from every part's (`columns`, in `parts` order): its parts'
     /// columns side by side, as the served head concatenates its groups' means.
-    pub(crate) fn rows(
-        &self,
-        parts: &[Vec<usize>],
-        columns: &[Tensor],
-    ) -> Result<Tensor, TrainError> {
+    pub(crate) fn rows(&self, parts: &[Part], columns: &[Tensor]) -> Result<Tensor, TrainError> {
         let mine = self
-            .parts
-            .iter()
+            .with_pools()
             .map(|p| {
-                let i = parts.iter().position(|q| q == p);
+                let i = parts.iter().position(|q| *q == p);
                 i.and_then(|i| columns.get(i)).cloned().ok_or_else(|| {
                     TrainError::Usage(format!("tap {}: part {p:?} was not extracted", self.name))
                 })
@@ -42,11 +58,11 @@ impl Tap {
 
 /// Every part the taps name, once, in the order first named: what the base is asked for (and
 /// the feature cache keyed by). A tap's feature is its parts' columns from these.
-pub(crate) fn parts(taps: &[Tap]) -> Vec<Vec<usize>> {
-    let mut out: Vec<Vec<usize>> = Vec::new();
-    for p in taps.iter().flat_map(|t| &t.parts) {
-        if !out.contains(p) {
-            out.push(p.clone());
+pub(crate) fn parts(taps: &[Tap]) -> Vec<Part> {
+    let mut out: Vec<Part> = Vec::new();
+    for p in taps.iter().flat_map(Tap::with_pools) {
+        if !out.contains(&p) {
+            out.push(p);
         }
     }
     out
@@ -60,14 +76,24 @@ pub(crate) const DEFAULT: &str = "final,top4,middle";
 pub(crate) fn resolve(specs: &[String], layers: usize) -> Result<Vec<Tap>, TrainError> {
     let mut out: Vec<Tap> = Vec::new();
     for spec in specs {
+        let (parts, pools) = spec
+            .split('+')
+            .map(|part| match part.trim().strip_prefix("span:") {
+                Some(inner) => Ok((one(spec, inner.trim(), layers)?, PoolKind::Span)),
+                None => Ok((one(spec, part.trim(), layers)?, PoolKind::Read)),
+            })
+            .collect::<Result<Vec<_>, TrainError>>()?
+            .into_iter()
+            .unzip();
         let tap = Tap {
             name: spec.clone(),
-            parts: spec
-                .split('+')
-                .map(|part| one(spec, part.trim(), layers))
-                .collect::<Result<_, _>>()?,
+            parts,
+            pools,
         };
-        if !out.iter().any(|t| t.parts == tap.parts) {
+        if !out
+            .iter()
+            .any(|t| t.parts == tap.parts && t.pools == tap.pools)
+        {
             out.push(tap);
         }
     }
@@ -81,9 +107,10 @@ pub(crate) fn resolve(specs: &[String], layers: usize) -> Result<Vec<Tap>, Train
 fn one(tap: &str, spec: &str, layers: usize) -> Result<Vec<usize>, TrainError> {
     let bad = |why: String| {
         TrainError::Usage(format!(
-            "--taps {tap:?}: {why}; a tap is final, topN, middle, a layer N or a range A-B, or \
-             such parts joined by + (concatenated) (layers 0..={layers}, {layers} being the \
-             state after the final norm)"
+            "--taps {tap:?}: {why}; a tap is final, topN, middle, a layer N or a range A-B, \
+             each read at the step's read position or, prefixed span:, averaged over the step's \
+             tokens, or such parts joined by + (concatenated) (layers 0..={layers}, {layers} \
+             being the state after the final norm)"
         ))
     };
     let number = |s: &str| {
@@ -141,13 +168,33 @@ mod tests {
         let taps = resolve(&specs("middle,middle+final,top2+ 15"), 30).unwrap();
         assert_eq!(taps[1].parts, [vec![15], vec![30]]);
         assert_eq!(taps[2].parts, [vec![28, 29], vec![15]]);
-        assert_eq!(parts(&taps), [vec![15], vec![30], vec![28, 29]]);
+        let read = |l: Vec<usize>| (l, PoolKind::Read);
+        assert_eq!(
+            parts(&taps),
+            [read(vec![15]), read(vec![30]), read(vec![28, 29])]
+        );
         let e = resolve(&specs("middle+31"), 30).unwrap_err().to_string();
         assert!(
             e.starts_with("--taps \"middle+31\": the base has no layer 31"),
             "{e}"
         );
         assert!(resolve(&specs("middle+"), 30).is_err());
+    }
+
+    #[test]
+    fn a_span_part_reads_the_same_layers_over_the_steps_tokens() {
+        let taps = resolve(&specs("middle,middle+span:middle,span:middle"), 30).unwrap();
+        assert_eq!(taps[1].parts, [vec![15], vec![15]]);
+        assert_eq!(taps[1].pools, [PoolKind::Read, PoolKind::Span]);
+        assert_eq!(taps[0].recorded_pools(), []);
+        assert_eq!(taps[2].recorded_pools(), [PoolKind::Span]);
+        // Asked for once each: the read and the span of layer 15 are two parts.
+        assert_eq!(
+            parts(&taps),
+            [(vec![15], PoolKind::Read), (vec![15], PoolKind::Span)]
+        );
+        let e = resolve(&specs("span:31"), 30).unwrap_err().to_string();
+        assert!(e.contains("no layer 31"), "{e}");
     }
 
     #[test]

@@ -184,6 +184,7 @@ fn candidates(s: &Synthetic) -> Vec<Candidate> {
             tap: Tap {
                 name: "noise".into(),
                 parts: vec![vec![1]],
+                pools: vec![retrace::PoolKind::Read],
             },
             rows: noise,
         },
@@ -191,6 +192,7 @@ fn candidates(s: &Synthetic) -> Vec<Candidate> {
             tap: Tap {
                 name: "real".into(),
                 parts: vec![vec![2]],
+                pools: vec![retrace::PoolKind::Read],
             },
             rows: s.features.clone(),
         },
