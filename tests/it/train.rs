@@ -201,8 +201,8 @@ fn writes_the_head_folder_and_repeats_it_from_the_cache() {
     let cached = mtimes(&cache);
     assert_eq!(
         cached.len(),
-        4,
-        "an entry (data, index) per file: {cached:?}"
+        12,
+        "an entry (data, index) per file and part (final, top4, middle): {cached:?}"
     );
     let first = std::fs::read(out.join("head.safetensors")).unwrap();
     let mut again = args.to_vec();
@@ -211,6 +211,15 @@ fn writes_the_head_folder_and_repeats_it_from_the_cache() {
     assert_eq!(mtimes(&cache), cached);
     assert_eq!(std::fs::read(out.join("head.safetensors")).unwrap(), first);
     assert_eq!(names(&tmp.0), ["cache", "dev.jsonl", "head"]);
+    // Other taps whose parts are partly cached: only the new part is extracted.
+    again.extend([os(&"--taps"), os(&"middle,middle+span:middle")]);
+    train_head(&again).unwrap();
+    let now = mtimes(&cache);
+    assert_eq!(now.len(), 16, "one new part for each file: {now:?}");
+    assert!(
+        cached.iter().all(|c| now.contains(c)),
+        "{cached:?} -> {now:?}"
+    );
 }
 
 /// Runs train-head with `args` and expects a refusal whose message holds each of `expect`, with
@@ -396,7 +405,7 @@ fn a_killed_run_leaves_no_head_and_a_sound_cache() {
         .iter()
         .filter(|n| n.ends_with(".json"))
         .count()
-        < 2
+        < 6
     {
         assert!(
             child.try_wait().unwrap().is_none(),

@@ -1,6 +1,7 @@
 //! The feature cache: each data file's features, once extracted, kept on disk under a key of
 //! everything they depend on (the base's checksum, the format, the taps, the precision, the
 //! file's checksum and this program's version), so trying other training settings reuses them.
+//! `train-head` keeps one entry per file and tap part, so other taps reuse the parts they share.
 //!
 //! An entry is `KEY.safetensors` (one (steps, H) f32 matrix per tap, `tap.0`, `tap.1`, ...)
 //! and `KEY.json` (the key and each row's step count), each written to a temporary name and

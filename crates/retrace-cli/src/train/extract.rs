@@ -65,8 +65,9 @@ pub(crate) fn load_base(
 }
 
 /// Every trace's features for every part (a set of layers, averaged): one (steps, H) matrix per
-/// part, rows in trace order across `sets` (the sets' traces one after another), each file read
-/// from the cache or extracted and cached.
+/// part, rows in trace order across `sets` (the sets' traces one after another). Each part of
+/// each file is cached on its own, so a run whose taps share parts with an earlier one extracts
+/// only the parts it lacks (all of them in one pass over the base).
 pub(crate) fn features(
     base: &Base,
     parts: &[Part],
@@ -75,42 +76,43 @@ pub(crate) fn features(
     progress: &Progress,
 ) -> Result<(Vec<Tensor>, Extraction), TrainError> {
     let started = std::time::Instant::now();
-    let taps: Vec<Vec<usize>> = parts.iter().map(|p| p.0.clone()).collect();
-    let pools: Vec<PoolKind> = match parts.iter().all(|p| p.1 == PoolKind::Read) {
-        true => Vec::new(),
-        false => parts.iter().map(|p| p.1).collect(),
-    };
-    let mut columns: Vec<Vec<Tensor>> = vec![Vec::new(); taps.len()];
+    let mut columns: Vec<Vec<Tensor>> = vec![Vec::new(); parts.len()];
     let mut done = Extraction::default();
     for set in sets {
         for (f, file) in set.files.iter().enumerate() {
             let traces: Vec<_> = set.traces.iter().filter(|t| t.file == f).collect();
             let steps: Vec<usize> = traces.iter().map(|t| t.steps.len()).collect();
-            let key = Key {
-                retrace: env!("CARGO_PKG_VERSION").into(),
-                base_sha256: base.sha256.clone(),
-                format: base.format.as_str().into(),
-                taps: taps.clone(),
-                pools: pools.clone(),
-                precision: base.precision.clone(),
-                file_sha256: file.sha256.clone(),
-            };
-            let entry = match cache.get(&key, &steps) {
-                Some(entry) => {
-                    done.cached_files += 1;
-                    entry
+            let keys: Vec<Key> = parts
+                .iter()
+                .map(|p| part_key(base, p, &file.sha256))
+                .collect();
+            let mut got: Vec<Option<Tensor>> = keys
+                .iter()
+                .map(|k| cache.get(k, &steps).and_then(|e| e.taps.into_iter().next()))
+                .collect();
+            let missing: Vec<usize> = (0..parts.len()).filter(|&i| got[i].is_none()).collect();
+            if missing.is_empty() {
+                done.cached_files += 1;
+            } else {
+                let path = Path::new(&file.path);
+                let taps: Vec<Vec<usize>> = missing.iter().map(|&i| parts[i].0.clone()).collect();
+                let pools: Vec<PoolKind> = missing.iter().map(|&i| parts[i].1).collect();
+                let (entry, tokens) = extract(base, (&taps, &pools), &traces, path, progress)?;
+                for (&i, t) in missing.iter().zip(entry.taps) {
+                    let one = Entry {
+                        steps: entry.steps.clone(),
+                        taps: vec![t.clone()],
+                    };
+                    cache.put(&keys[i], path, &one)?;
+                    got[i] = Some(t);
                 }
-                None => {
-                    let path = Path::new(&file.path);
-                    let (entry, tokens) = extract(base, (&taps, &pools), &traces, path, progress)?;
-                    cache.put(&key, path, &entry)?;
-                    done.traces += traces.len();
-                    done.tokens += tokens;
-                    entry
-                }
-            };
-            for (column, t) in columns.iter_mut().zip(entry.taps) {
-                column.push(t);
+                done.traces += traces.len();
+                done.tokens += tokens;
+            }
+            for (column, t) in columns.iter_mut().zip(got) {
+                column.push(t.ok_or_else(|| {
+                    TrainError::Usage(format!("{}: a part was not extracted", file.path))
+                })?);
             }
         }
     }
@@ -120,6 +122,23 @@ pub(crate) fn features(
         .collect::<Result<_, TrainError>>()?;
     done.seconds = started.elapsed().as_secs_f64();
     Ok((rows, done))
+}
+
+/// What one part of one file's features depend on. A part read at the read position keys as a
+/// one-tap entry always has.
+fn part_key(base: &Base, (layers, pool): &Part, file_sha256: &str) -> Key {
+    Key {
+        retrace: env!("CARGO_PKG_VERSION").into(),
+        base_sha256: base.sha256.clone(),
+        format: base.format.as_str().into(),
+        taps: vec![layers.clone()],
+        pools: match pool {
+            PoolKind::Read => Vec::new(),
+            PoolKind::Span => vec![PoolKind::Span],
+        },
+        precision: base.precision.clone(),
+        file_sha256: file_sha256.to_string(),
+    }
 }
 
 /// What getting the features took: the traces and tokens run through the base (files read
