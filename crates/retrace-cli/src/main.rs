@@ -147,10 +147,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await
                 .context("the training thread")??;
             println!(
-                "wrote {}: {} head on layers {}, threshold {}, dev F1 {:.2}",
+                "wrote {}: {} head on layers {} (tap {}), threshold {}, dev F1 {:.2}",
                 t.out.display(),
                 t.head,
                 t.layers,
+                t.tap,
                 t.threshold,
                 t.dev_f1
             );

@@ -119,6 +119,8 @@ pub struct Trained {
     pub threshold: f32,
     pub head: &'static str,
     pub layers: retrace::HeadLayers,
+    /// The tap kept, as --taps named it.
+    pub tap: String,
     /// Traces trained on (after --max-train).
     pub train_traces: usize,
     /// The features: how long getting them took, and what was extracted rather than read
@@ -336,6 +338,7 @@ pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
         threshold: config.threshold,
         head: config.head.as_str(),
         layers: config.layers,
+        tap: outcome.tap().name.clone(),
         train_traces: split.train.len(),
         extraction,
         train_s,
