@@ -5,7 +5,7 @@ use super::TrainError;
 use super::cache::{Entry, FeatureCache, Key};
 use super::data::{Dataset, Labelled};
 use super::progress::Progress;
-use super::taps::Part;
+use super::taps::TapPart;
 use crate::common::DataError;
 use candle_core::{Device, Tensor};
 use retrace::{Backend, CandleConfig, DeviceSpec, Dtype, PrmConfig};
@@ -70,7 +70,7 @@ pub(crate) fn load_base(
 /// only the parts it lacks (all of them in one pass over the base).
 pub(crate) fn features(
     base: &Base,
-    parts: &[Part],
+    parts: &[TapPart],
     sets: &[&Dataset],
     cache: &FeatureCache,
     progress: &Progress,
@@ -126,7 +126,7 @@ pub(crate) fn features(
 
 /// What one part of one file's features depend on. A part read at the read position keys as a
 /// one-tap entry always has.
-fn part_key(base: &Base, (layers, pool): &Part, file_sha256: &str) -> Key {
+fn part_key(base: &Base, (layers, pool): &TapPart, file_sha256: &str) -> Key {
     Key {
         retrace: env!("CARGO_PKG_VERSION").into(),
         base_sha256: base.sha256.clone(),

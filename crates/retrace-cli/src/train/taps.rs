@@ -20,11 +20,11 @@ pub(crate) struct Tap {
 }
 
 /// One part as the base is asked for it: its layers and where they are read.
-pub(crate) type Part = (Vec<usize>, PoolKind);
+pub(crate) type TapPart = (Vec<usize>, PoolKind);
 
 impl Tap {
     /// The tap's parts with their pools.
-    pub(crate) fn with_pools(&self) -> impl Iterator<Item = Part> + '_ {
+    pub(crate) fn with_pools(&self) -> impl Iterator<Item = TapPart> + '_ {
         self.parts.iter().cloned().zip(self.pools.iter().copied())
     }
 
@@ -39,7 +39,7 @@ impl Tap {
 
     /// The tap's feature rows from every part's (`columns`, in `parts` order): its parts'
     /// columns side by side, as the served head concatenates its groups' means.
-    pub(crate) fn rows(&self, parts: &[Part], columns: &[Tensor]) -> Result<Tensor, TrainError> {
+    pub(crate) fn rows(&self, parts: &[TapPart], columns: &[Tensor]) -> Result<Tensor, TrainError> {
         let mine = self
             .with_pools()
             .map(|p| {
@@ -58,8 +58,8 @@ impl Tap {
 
 /// Every part the taps name, once, in the order first named: what the base is asked for (and
 /// the feature cache keyed by). A tap's feature is its parts' columns from these.
-pub(crate) fn parts(taps: &[Tap]) -> Vec<Part> {
-    let mut out: Vec<Part> = Vec::new();
+pub(crate) fn parts(taps: &[Tap]) -> Vec<TapPart> {
+    let mut out: Vec<TapPart> = Vec::new();
     for p in taps.iter().flat_map(Tap::with_pools) {
         if !out.contains(&p) {
             out.push(p);
