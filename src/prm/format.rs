@@ -2,6 +2,7 @@
 //! positions where each step's score is read. Byte-exact strings, the model's own tokenizer.
 
 pub use super::family::{Family, PrmKind};
+use super::spans::step_spans;
 pub use super::template::TemplateError;
 use super::template::{ChatTemplate, Message, special_token};
 use crate::trace::Trace;
@@ -479,39 +480,6 @@ impl Formatter {
             spans: step_spans(&text, &plus_at, texts, offsets),
         })
     }
-}
-
-/// Each step's tokens: those that overlap the last occurrence of its text (`texts[k]`, trimmed)
-/// before its "+" (`plus_at[k]`) and after the one before. None when some step's text is not found
-/// there as given (a template that rewrote it), so a head that reads spans refuses the trace
-/// rather than read other tokens.
-fn step_spans(
-    text: &str,
-    plus_at: &[usize],
-    texts: &[&str],
-    offsets: &[(usize, usize)],
-) -> Vec<Span> {
-    let mut spans = Vec::with_capacity(texts.len());
-    let mut from = 0;
-    for (&at, step) in plus_at.iter().zip(texts) {
-        // Templates that trim a turn's content (Llama 3's) keep the trimmed text.
-        let step = step.trim();
-        if step.is_empty() {
-            return Vec::new();
-        }
-        let Some(start) = text[from..at].rfind(step).map(|i| from + i) else {
-            return Vec::new();
-        };
-        let end = start + step.len();
-        let first = offsets.partition_point(|o| o.1 <= start);
-        let last = offsets.partition_point(|o| o.0 < end);
-        if first >= last {
-            return Vec::new();
-        }
-        spans.push(first..last);
-        from = at + 1;
-    }
-    spans
 }
 
 /// Refuses steps that contain a family's step tag: it would add a score the caller didn't ask for.

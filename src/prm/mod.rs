@@ -10,6 +10,7 @@ pub(crate) mod features;
 pub(crate) mod format;
 pub(crate) mod head;
 pub(crate) mod remote;
+mod spans;
 mod template;
 
 pub use batcher::BatchError;
