@@ -176,27 +176,18 @@ impl PrefixCache {
     pub(crate) fn lookup(&mut self, tokens: &[u32]) -> (Hit, Vec<usize>) {
         let now = self.tick();
         let (mut hit, mut pinned) = (Hit::default(), Vec::new());
-        let mut at = ROOT;
-        while hit.len < tokens.len() {
-            let Some(&child) = self.node(at).children.get(&tokens[hit.len]) else {
-                break;
-            };
+        for (child, pos, len) in self.walk(tokens) {
             let node = self.node_mut(child);
-            let common = common_prefix(&node.tokens, &tokens[hit.len..]);
             node.last_used = now;
             node.pins += 1;
             pinned.push(child);
             hit.pieces.push(Piece {
                 kv: node.kv.clone().expect("only the root has no kv"),
                 offset: 0,
-                pos: hit.len,
-                len: common,
+                pos,
+                len,
             });
-            hit.len += common;
-            if common < node.tokens.len() {
-                break;
-            }
-            at = child;
+            hit.len = pos + len;
         }
         (hit, pinned)
     }
@@ -204,17 +195,26 @@ impl PrefixCache {
     /// How many of `tokens`' first tokens are cached: what `lookup` would find, without pinning
     /// or touching anything.
     pub(crate) fn cached_len(&self, tokens: &[u32]) -> usize {
-        let (mut len, mut at) = (0, ROOT);
-        while let Some(&child) = tokens.get(len).and_then(|t| self.node(at).children.get(t)) {
+        self.walk(tokens)
+            .last()
+            .map_or(0, |&(_, pos, len)| pos + len)
+    }
+
+    /// The nodes `tokens`' longest cached prefix runs through from the root: each node, where
+    /// it starts in `tokens` and how many of its tokens match (all but maybe the last's).
+    fn walk(&self, tokens: &[u32]) -> Vec<(usize, usize, usize)> {
+        let (mut path, mut pos, mut at) = (Vec::new(), 0, ROOT);
+        while let Some(&child) = tokens.get(pos).and_then(|t| self.node(at).children.get(t)) {
             let node = self.node(child);
-            let common = common_prefix(&node.tokens, &tokens[len..]);
-            len += common;
+            let common = common_prefix(&node.tokens, &tokens[pos..]);
+            path.push((child, pos, common));
+            pos += common;
             if common < node.tokens.len() {
                 break;
             }
             at = child;
         }
-        len
+        path
     }
 
     /// Releases the pins a `lookup` took.
