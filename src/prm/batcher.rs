@@ -303,17 +303,17 @@ fn run(
             }
         }
         // Wait for company while the batch still has room.
-        let fits = |queue: &VecDeque<Pending>| {
-            next_batch(queue.iter().map(|p| scorer.cost(&p.encoded)), &budget)
-        };
-        while !closed && fits(&queue) == queue.len() {
+        let mut costs = Vec::new();
+        cost_front(&mut costs, &queue, scorer, &budget);
+        while !closed && next_batch(costs.iter().copied(), &budget) == queue.len() {
             match inbox.recv(Some(gather_until(&queue, budget.max_wait))) {
                 Ok(Some(p)) => queue.push_back(p),
                 Ok(None) => break,
                 Err(Closed) => closed = true,
             }
+            cost_front(&mut costs, &queue, scorer, &budget);
         }
-        let n = fits(&queue);
+        let n = next_batch(costs, &budget);
         metrics::queue_depth(name, -(n as f64));
         let now = inbox.now();
         let batch: Vec<Pending> = queue
@@ -331,6 +331,24 @@ fn run(
             fail_queued(name, queue, &mut inbox, &why);
             return;
         }
+    }
+}
+
+/// Extends `costs` (the queue's first requests' costs, in order) while the batch they make has
+/// room, up to one past it. Each cost is taken once a gathering (a walk of the prefix cache,
+/// which only a forward changes, and none runs until the batch is cut), and a long queue's
+/// tail is never costed.
+fn cost_front(
+    costs: &mut Vec<usize>,
+    queue: &VecDeque<Pending>,
+    scorer: &dyn Scorer,
+    budget: &Budget,
+) {
+    while let Some(p) = queue.get(costs.len()) {
+        if next_batch(costs.iter().copied(), budget) < costs.len() {
+            return;
+        }
+        costs.push(scorer.cost(&p.encoded));
     }
 }
 

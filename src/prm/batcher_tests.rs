@@ -69,10 +69,14 @@ struct Fake {
     nan: bool,
     /// Tokens of every row its prefix cache holds, which a batch does not compute.
     cached: usize,
+    /// How many times a request's cost was asked for.
+    costed: std::sync::atomic::AtomicUsize,
 }
 
 impl Scorer for Fake {
     fn cost(&self, encoded: &Encoded) -> usize {
+        self.costed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         encoded.ids.len().saturating_sub(self.cached)
     }
 
@@ -181,6 +185,26 @@ fn a_burst_holds_its_first_request_ten_max_waits_at_most() {
     assert_eq!(fake.batches.lock().unwrap()[0], vec![2; 13]);
     let first = rxs.into_iter().next().map(|rx| answer(rx).unwrap().queued);
     assert_eq!(first, Some(Duration::from_millis(50)));
+}
+
+#[test]
+fn each_request_is_costed_once_a_gathering_and_a_long_queues_tail_never() {
+    // A burst of 16, one every 4 ms: two gatherings (13, then 3), each arrival costed once.
+    let mut sim = Sim::new();
+    let rxs: Vec<Rx> = (0..16).map(|i| sim.arrive(4 * i, 2, None)).collect();
+    let fake = Fake::default();
+    sim.run(waiting(1000, 100, 5), &fake);
+    assert_eq!(fake.costed.into_inner(), 16);
+    assert!(rxs.into_iter().all(|rx| answer(rx).is_ok()));
+    // Ten at once, batches of two: each gathering costs the two it takes and the one that
+    // does not fit (the last, two), never the queue behind them.
+    let mut sim = Sim::new();
+    let rxs: Vec<Rx> = (0..10).map(|_| sim.arrive(0, 2, None)).collect();
+    let fake = Fake::default();
+    sim.run(waiting(1000, 2, 5), &fake);
+    assert_eq!(fake.batches.lock().unwrap().len(), 5);
+    assert_eq!(fake.costed.into_inner(), 4 * 3 + 2);
+    assert!(rxs.into_iter().all(|rx| answer(rx).is_ok()));
 }
 
 #[test]
