@@ -98,7 +98,7 @@ pub use prm::format::{
 };
 pub use prm::head::{
     DataFile as HeadDataFile, HEAD_VERSION, HeadConfig, HeadKind, LabelCounts,
-    Layers as HeadLayers, PoolKind,
+    Layers as HeadLayers, Pool,
 };
 pub use prm::{
     Backend, BatchError, CandleConfig, DeviceSpec, Dtype, Limits, PrmConfig, PrmError,

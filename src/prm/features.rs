@@ -8,13 +8,14 @@ use super::batcher::{Budget, next_batch};
 use super::candle::load_model;
 use super::config::PrmConfig;
 use super::format::{Encoded, FormatError, Formatter, PrmKind};
-use super::head::PoolKind;
+use super::head::Pool;
 use super::resolve_model;
 use crate::env::Env;
 use crate::trace::Trace;
 use retrace_model::{
-    HeadSpec, ModelError, PrmModel, RowStates, Tokens, average_states, span_reads,
+    HeadSpec, ModelError, PrmModel, RowStates, Tokens, average_states, span_reads, span_rows,
 };
+use std::ops::Range;
 use std::time::Duration;
 
 /// A base checkpoint and a format, ready to turn traces into features.
@@ -122,13 +123,13 @@ impl Extractor {
         &self,
         traces: &[Trace],
         taps: &[Vec<usize>],
-        pools: &[PoolKind],
+        pools: &[Pool],
         mut each: impl FnMut(usize, TraceFeatures),
         mut progress: impl FnMut(Progress),
     ) -> Result<(), ExtractError> {
         let (layers, picks) = self.layers(taps)?;
-        let pools = self.pools(taps, pools)?;
-        let spans = pools.contains(&PoolKind::Span);
+        let pools = pools_of(taps, pools)?;
+        let spans = pools.contains(&Pool::Span);
         let encoded = self.encode_all(traces, spans)?;
         let needed = |e: &Encoded| e.positions.iter().max().map_or(0, |p| p + 1);
         let mut done = Progress {
@@ -154,8 +155,9 @@ impl Extractor {
             for (j, (row, e)) in states.into_iter().zip(batch).enumerate() {
                 done.tokens_done += row.tokens.computed + row.tokens.reused;
                 done.tokens_computed += row.tokens.computed;
+                let span_at = span_rows(e.positions.len(), &e.spans);
                 let steps = (0..e.positions.len())
-                    .map(|r| per_tap(&row, r, &picks, &pools, e))
+                    .map(|r| per_tap(&row, r, &picks, &pools, span_at.get(r)))
                     .collect();
                 each(
                     at + j,
@@ -200,22 +202,6 @@ impl Extractor {
         Ok((layers, picks))
     }
 
-    /// Each tap's pool: `pools` as given, one per tap, or every tap at the read.
-    fn pools(
-        &self,
-        taps: &[Vec<usize>],
-        pools: &[PoolKind],
-    ) -> Result<Vec<PoolKind>, ExtractError> {
-        match pools.len() {
-            0 => Ok(vec![PoolKind::Read; taps.len()]),
-            n if n == taps.len() => Ok(pools.to_vec()),
-            n => Err(ExtractError::Load(format!(
-                "{n} pools for {} taps",
-                taps.len()
-            ))),
-        }
-    }
-
     /// Every trace formatted, and checked against the base's context and vocabulary (and, when
     /// `spans`, that its format marked each step's tokens).
     fn encode_all(&self, traces: &[Trace], spans: bool) -> Result<Vec<Encoded>, ExtractError> {
@@ -249,15 +235,28 @@ impl Extractor {
     }
 }
 
+/// Each tap's pool: `pools` as given, one per tap, or every tap at the read.
+fn pools_of(taps: &[Vec<usize>], pools: &[Pool]) -> Result<Vec<Pool>, ExtractError> {
+    match pools.len() {
+        0 => Ok(vec![Pool::Read; taps.len()]),
+        n if n == taps.len() => Ok(pools.to_vec()),
+        n => Err(ExtractError::Load(format!(
+            "{n} pools for {} taps",
+            taps.len()
+        ))),
+    }
+}
+
 /// Step `r`'s feature for each tap: its layers' states averaged (`picks`: indices into the
-/// layers `row` holds), at the step's read or, for a span tap, at each of its tokens and then
-/// averaged over them (`row` read as `span_reads` lays out `e`), as the served head does.
+/// layers `row` holds), at the step's read or, for a span tap, at each of its tokens (`span`:
+/// their rows, as `span_rows` lays them out) and then averaged over them, as the served head
+/// does.
 fn per_tap(
     row: &RowStates,
     r: usize,
     picks: &[Vec<usize>],
-    pools: &[PoolKind],
-    e: &Encoded,
+    pools: &[Pool],
+    span: Option<&Range<usize>>,
 ) -> Vec<Vec<f32>> {
     let at = |pick: &[usize], read: usize| {
         let states: Vec<&[f32]> = pick.iter().map(|&l| row.at(l, read)).collect();
@@ -266,16 +265,13 @@ fn per_tap(
     picks
         .iter()
         .zip(pools)
-        .map(|(pick, pool)| match pool {
-            PoolKind::Read => at(pick, r),
-            PoolKind::Span => {
-                let before: usize = e.spans[..r].iter().map(|s| s.len()).sum();
-                let first = e.positions.len() + before;
-                let tokens: Vec<Vec<f32>> = (first..first + e.spans[r].len())
-                    .map(|t| at(pick, t))
-                    .collect();
+        .map(|(pick, pool)| match (pool, span) {
+            (Pool::Span, Some(rows)) => {
+                let tokens: Vec<Vec<f32>> = rows.clone().map(|t| at(pick, t)).collect();
                 average_states(&tokens.iter().map(Vec::as_slice).collect::<Vec<_>>())
             }
+            // encode_all refuses a trace without spans when a tap reads them.
+            _ => at(pick, r),
         })
         .collect()
 }

@@ -7,7 +7,8 @@
 use super::config::Dtype;
 use super::format::Family;
 use crate::trace::ErrorCategory;
-use retrace_model::{HEAD_CONFIG, Pool, TrainedKind, TrainedSpec, checkpoint_sha256};
+pub use retrace_model::Pool;
+use retrace_model::{HEAD_CONFIG, TrainedKind, TrainedSpec, checkpoint_sha256};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -37,7 +38,7 @@ pub struct HeadConfig {
     /// Where each group of `layers` is read, in order: `read` (at the step's read position)
     /// or `span` (the mean over the step's own tokens). Omitted: every group at the read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pools: Vec<PoolKind>,
+    pub pools: Vec<Pool>,
     pub hidden_size: usize,
     pub head: HeadKind,
     /// Hidden units of an `mlp` head.
@@ -107,26 +108,6 @@ impl<'de> Deserialize<'de> for Layers {
                     "`layers` is a list of layers ([26, 27]) or of groups of layers ([[15], [26, 27]])",
                 )
             })
-    }
-}
-
-/// Where a group of layers is read for a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PoolKind {
-    /// At the step's read position.
-    Read,
-    /// The mean over the step's own tokens, which only conversation formats (`chat-lm`,
-    /// `rlhflow`) mark.
-    Span,
-}
-
-impl PoolKind {
-    fn model(self) -> Pool {
-        match self {
-            PoolKind::Read => Pool::Read,
-            PoolKind::Span => Pool::Span,
-        }
     }
 }
 
@@ -264,7 +245,7 @@ impl HeadConfig {
             ));
         }
         let conversation = matches!(self.format, Family::ChatLm | Family::Rlhflow);
-        if self.pools.contains(&PoolKind::Span) && !conversation {
+        if self.pools.contains(&Pool::Span) && !conversation {
             return Err((
                 "pools",
                 format!(
@@ -283,7 +264,7 @@ impl HeadConfig {
             dir: dir.to_path_buf(),
             groups: self.layers.0.clone(),
             hidden_size: self.hidden_size,
-            pools: self.pools.iter().map(|p| p.model()).collect(),
+            pools: self.pools.clone(),
             kind: match self.head {
                 HeadKind::Logistic => TrainedKind::Logistic,
                 HeadKind::Mlp => TrainedKind::Mlp {

@@ -74,7 +74,7 @@ pub use gguf::{Gguf, is_gguf};
 pub use head::HeadSpec;
 pub use kernels::Kernels;
 pub use model::{CacheStats, PrmModel, Reuse, SharedBase};
-pub use spans::{Span, span_reads};
+pub use spans::{Span, span_reads, span_rows};
 pub use trace_probe::TraceProbe;
 pub use trained::{
     HEAD_CONFIG, HEAD_WEIGHTS, Pool, TrainedKind, TrainedSpec, average_states, head_tensors,

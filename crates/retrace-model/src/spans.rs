@@ -18,6 +18,20 @@ pub fn span_reads(positions: &[usize], spans: &[Span]) -> Vec<usize> {
     out
 }
 
+/// Where each of a row's spans lies among its reads laid out by `span_reads` (`reads`: its
+/// read positions' count), counted from the row's first read.
+pub fn span_rows(reads: usize, spans: &[Span]) -> Vec<Range<usize>> {
+    let mut at = reads;
+    spans
+        .iter()
+        .map(|s| {
+            let rows = at..at + s.len();
+            at = rows.end;
+            rows
+        })
+        .collect()
+}
+
 /// Where a batch's spans lie among its reads laid out by `span_reads` row after row: each
 /// read's own row (row-major), and each span's rows, in the same order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,11 +72,10 @@ impl SpanRows {
                 return Err(format!("row {row}: step {k}'s span holds no token"));
             }
             out.reads.extend((at..at + p.len()).map(|r| r as u32));
-            at += p.len();
-            for span in s.iter() {
-                out.spans.push(at..at + span.len());
-                at += span.len();
-            }
+            let rows = span_rows(p.len(), s);
+            out.spans
+                .extend(rows.iter().map(|r| at + r.start..at + r.end));
+            at += rows.last().map_or(p.len(), |r| r.end);
         }
         Ok(out)
     }

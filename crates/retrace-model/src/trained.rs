@@ -67,13 +67,15 @@ pub struct TrainedSpec {
     pub categories: usize,
 }
 
-/// Where a group of layers is read for a step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Where a group of layers is read for a step; a head folder's `pools` names it in lowercase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Pool {
     /// At the step's read position.
     #[default]
     Read,
-    /// The mean over the step's own tokens (`crate::spans`).
+    /// The mean over the step's own tokens (`crate::spans`), which only conversation formats
+    /// (`chat-lm`, `rlhflow`) mark.
     Span,
 }
 
@@ -299,6 +301,10 @@ impl Trained {
         if spans.is_none() && self.reads_spans() {
             candle_core::bail!("this head reads each step's own tokens; its format marks none")
         }
+        // With spans, the reads' own rows among the taps', once for every group read there.
+        let reads = spans
+            .map(|s| Tensor::new(s.reads.as_slice(), &taps_device(taps)?))
+            .transpose()?;
         let means = self
             .groups
             .iter()
@@ -310,13 +316,10 @@ impl Trained {
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| candle_core::Error::Msg("a tapped layer is missing".into()))?;
                 let mean = average(&states)?;
-                match (spans, pool) {
-                    (None, _) => Ok(mean),
-                    (Some(s), Pool::Read) => {
-                        let idx = Tensor::new(s.reads.as_slice(), mean.device())?;
-                        mean.index_select(&idx, 0)
-                    }
-                    (Some(s), Pool::Span) => span_means(&mean, s),
+                match (spans, &reads, pool) {
+                    (Some(s), _, Pool::Span) => span_means(&mean, s),
+                    (_, Some(idx), Pool::Read) => mean.index_select(idx, 0),
+                    _ => Ok(mean),
                 }
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
@@ -361,6 +364,13 @@ fn per_row(probe: &TraceProbe, x: &Tensor, rows: &[usize]) -> candle_core::Resul
         candle_core::bail!("{} reads, but the rows name {start}", x.dim(0)?)
     }
     Tensor::cat(&out, 0)
+}
+
+/// The device the tapped states are on.
+fn taps_device(taps: &[Tensor]) -> candle_core::Result<Device> {
+    taps.first()
+        .map(|t| t.device().clone())
+        .ok_or_else(|| candle_core::Error::Msg("a trained head taps no layer".into()))
 }
 
 /// Each span's rows of `x` averaged (summed in order, then divided by their count, as

@@ -27,7 +27,7 @@ pub(crate) struct Key {
     /// Where each tap is read, when some tap is read over the steps' tokens; empty when
     /// every one is read at the read position (so such keys name what they always named).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) pools: Vec<retrace::PoolKind>,
+    pub(crate) pools: Vec<retrace::Pool>,
     /// The device kind and dtype the base ran in ("cpu f32").
     pub(crate) precision: String,
     pub(crate) file_sha256: String,

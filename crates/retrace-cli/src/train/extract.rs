@@ -10,7 +10,7 @@ use crate::common::DataError;
 use candle_core::{Device, Tensor};
 use retrace::{Backend, CandleConfig, DeviceSpec, Dtype, PrmConfig};
 use retrace::{ExtractError, Extractor};
-use retrace::{Family, PoolKind};
+use retrace::{Family, Pool};
 use retrace::{Step, Trace};
 use std::path::{Path, PathBuf};
 
@@ -96,7 +96,7 @@ pub(crate) fn features(
             } else {
                 let path = Path::new(&file.path);
                 let taps: Vec<Vec<usize>> = missing.iter().map(|&i| parts[i].0.clone()).collect();
-                let pools: Vec<PoolKind> = missing.iter().map(|&i| parts[i].1).collect();
+                let pools: Vec<Pool> = missing.iter().map(|&i| parts[i].1).collect();
                 let (entry, tokens) = extract(base, (&taps, &pools), &traces, path, progress)?;
                 for (&i, t) in missing.iter().zip(entry.taps) {
                     let one = Entry {
@@ -133,8 +133,8 @@ fn part_key(base: &Base, (layers, pool): &TapPart, file_sha256: &str) -> Key {
         format: base.format.as_str().into(),
         taps: vec![layers.clone()],
         pools: match pool {
-            PoolKind::Read => Vec::new(),
-            PoolKind::Span => vec![PoolKind::Span],
+            Pool::Read => Vec::new(),
+            Pool::Span => vec![Pool::Span],
         },
         precision: base.precision.clone(),
         file_sha256: file_sha256.to_string(),
@@ -174,7 +174,7 @@ fn trace_of(t: &Labelled) -> Trace {
 /// error naming its file and line.
 fn extract(
     base: &Base,
-    (layers, pools): (&[Vec<usize>], &[PoolKind]),
+    (layers, pools): (&[Vec<usize>], &[Pool]),
     labelled: &[&Labelled],
     file: &Path,
     progress: &Progress,

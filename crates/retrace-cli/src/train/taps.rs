@@ -7,7 +7,7 @@
 
 use super::TrainError;
 use candle_core::Tensor;
-use retrace::PoolKind;
+use retrace::Pool;
 
 /// A candidate feature: its name as given and its parts, each the 0-based layers averaged
 /// (at the read, or over the step's tokens: `pools`, one per part); the parts' means are
@@ -16,11 +16,11 @@ use retrace::PoolKind;
 pub(crate) struct Tap {
     pub(crate) name: String,
     pub(crate) parts: Vec<Vec<usize>>,
-    pub(crate) pools: Vec<PoolKind>,
+    pub(crate) pools: Vec<Pool>,
 }
 
 /// One part as the base is asked for it: its layers and where they are read.
-pub(crate) type TapPart = (Vec<usize>, PoolKind);
+pub(crate) type TapPart = (Vec<usize>, Pool);
 
 impl Tap {
     /// The tap's parts with their pools.
@@ -30,8 +30,8 @@ impl Tap {
 
     /// The pools a head folder records: none when every part is read at the read position,
     /// so such a folder reads as it did before pools existed.
-    pub(crate) fn recorded_pools(&self) -> Vec<PoolKind> {
-        match self.pools.iter().all(|p| *p == PoolKind::Read) {
+    pub(crate) fn recorded_pools(&self) -> Vec<Pool> {
+        match self.pools.iter().all(|p| *p == Pool::Read) {
             true => Vec::new(),
             false => self.pools.clone(),
         }
@@ -79,8 +79,8 @@ pub(crate) fn resolve(specs: &[String], layers: usize) -> Result<Vec<Tap>, Train
         let (parts, pools) = spec
             .split('+')
             .map(|part| match part.trim().strip_prefix("span:") {
-                Some(inner) => Ok((one(spec, inner.trim(), layers)?, PoolKind::Span)),
-                None => Ok((one(spec, part.trim(), layers)?, PoolKind::Read)),
+                Some(inner) => Ok((one(spec, inner.trim(), layers)?, Pool::Span)),
+                None => Ok((one(spec, part.trim(), layers)?, Pool::Read)),
             })
             .collect::<Result<Vec<_>, TrainError>>()?
             .into_iter()
@@ -168,7 +168,7 @@ mod tests {
         let taps = resolve(&specs("middle,middle+final,top2+ 15"), 30).unwrap();
         assert_eq!(taps[1].parts, [vec![15], vec![30]]);
         assert_eq!(taps[2].parts, [vec![28, 29], vec![15]]);
-        let read = |l: Vec<usize>| (l, PoolKind::Read);
+        let read = |l: Vec<usize>| (l, Pool::Read);
         assert_eq!(
             parts(&taps),
             [read(vec![15]), read(vec![30]), read(vec![28, 29])]
@@ -185,13 +185,13 @@ mod tests {
     fn a_span_part_reads_the_same_layers_over_the_steps_tokens() {
         let taps = resolve(&specs("middle,middle+span:middle,span:middle"), 30).unwrap();
         assert_eq!(taps[1].parts, [vec![15], vec![15]]);
-        assert_eq!(taps[1].pools, [PoolKind::Read, PoolKind::Span]);
+        assert_eq!(taps[1].pools, [Pool::Read, Pool::Span]);
         assert_eq!(taps[0].recorded_pools(), []);
-        assert_eq!(taps[2].recorded_pools(), [PoolKind::Span]);
+        assert_eq!(taps[2].recorded_pools(), [Pool::Span]);
         // Asked for once each: the read and the span of layer 15 are two parts.
         assert_eq!(
             parts(&taps),
-            [(vec![15], PoolKind::Read), (vec![15], PoolKind::Span)]
+            [(vec![15], Pool::Read), (vec![15], Pool::Span)]
         );
         let e = resolve(&specs("span:31"), 30).unwrap_err().to_string();
         assert!(e.contains("no layer 31"), "{e}");

@@ -184,7 +184,7 @@ fn candidates(s: &Synthetic) -> Vec<Candidate> {
             tap: Tap {
                 name: "noise".into(),
                 parts: vec![vec![1]],
-                pools: vec![retrace::PoolKind::Read],
+                pools: vec![retrace::Pool::Read],
             },
             rows: noise,
         },
@@ -192,7 +192,7 @@ fn candidates(s: &Synthetic) -> Vec<Candidate> {
             tap: Tap {
                 name: "real".into(),
                 parts: vec![vec![2]],
-                pools: vec![retrace::PoolKind::Read],
+                pools: vec![retrace::Pool::Read],
             },
             rows: s.features.clone(),
         },
