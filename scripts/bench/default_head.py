@@ -13,7 +13,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from head_bench import TEST, processbench_f1  # noqa: E402
+from head_bench import TEST, parse_log, processbench_f1  # noqa: E402
 
 # Relative to the cache folder's heads/smollm2/, where the server installs the head.
 BASE = "../../gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,8 +26,7 @@ def mean(xs):
 
 
 def figures(run):
-    head_log = open(os.path.join(run, "head.log")).read()
-    head = {s: float(f) for s, f in re.findall(r"^test (\S+): F1 ([\d.]+)", head_log, re.M)}
+    head = parse_log(open(os.path.join(run, "head.log")).read())["test"]
     chat_log = open(os.path.join(run, "chat-lm.log")).read()
     t = float(re.search(r"^threshold = ([\d.eE+-]+)", chat_log, re.M).group(1))
     rows = [json.loads(l) for l in open(os.path.join(run, "chat-lm", "chat-lm", "test.jsonl"))]

@@ -5,6 +5,8 @@
 question's traces stay on one side), drawn with a seed; the test splits are never trained on.
 With --more, extra training files for the learning curve's largest point.
 `table`: reads what scripts/bench/head-bench.sh ran and prints the results as markdown.
+`kinds`: the same for scripts/bench/head-kinds.sh (each tap x head kind over seeds).
+`chat`: zero-shot chat-lm's held-out F1 from `retrace calibrate`'s output.
 """
 import argparse
 import glob
@@ -103,25 +105,32 @@ def prepare(a):
         print(f"{split}: {tr} train, {other} {'test' if split in TEST.values() else 'dev'}{extra}")
 
 
-def trained(log):
-    """What one train-head run printed: dev F1, timings, test F1 per split."""
-    text = open(log).read()
-    out = {"test": {}}
+def parse_log(text):
+    """What one train-head run printed: the head kept, dev F1, timings, and each test split's F1
+    at dev's threshold (`test`) and at one chosen on its own first 20 traces (`own`)."""
+    out = {"test": {}, "own": {}}
     m = re.search(r"dev F1 ([\d.]+)", text)
     out["dev_f1"] = float(m.group(1)) if m else None
-    m = re.search(r"head on layers (\[[^\]]*\])", text)
-    out["layers"] = m.group(1) if m else "?"
+    m = re.search(r"head on layers (\[.*\]) (?:concatenated |averaged )?\(tap (\S+)\)", text)
+    out["layers"], out["tap"] = (m.group(1), m.group(2)) if m else ("?", "?")
     m = re.search(r"wrote \S+: (\w+) head", text)
     out["head"] = m.group(1) if m else "?"
     m = re.search(r"features: ([\d.]+) s, (\d+) traces \((\d+) tokens, (\d+) tokens/s\)", text)
     if m:
-        out["features_s"], out["tokens_s"] = float(m.group(1)), int(m.group(4))
+        out["features_s"], out["tokens"] = float(m.group(1)), int(m.group(3))
+        out["tokens_s"] = int(m.group(4))
     m = re.search(r"training on (\d+) traces: ([\d.]+) s", text)
     if m:
         out["train_traces"], out["train_s"] = int(m.group(1)), float(m.group(2))
-    for m in re.finditer(r"^test (\S+): F1 (\S+)", text, re.M):
+    for m in re.finditer(r"^test (\S+): F1 (\S+) \(error accuracy", text, re.M):
         out["test"][m.group(1)] = None if m.group(2) == "-" else float(m.group(2))
+    for m in re.finditer(r"^test (\S+): F1 (\S+) on its other", text, re.M):
+        out["own"][m.group(1)] = None if m.group(2) == "-" else float(m.group(2))
     return out
+
+
+def trained(log):
+    return parse_log(open(log).read())
 
 
 def processbench_f1(rows, t):
@@ -204,6 +213,59 @@ def table(a):
             print(f"| {i + 1} | {x:.0f} | {s:.0f} | {x / s:.2f} |")
 
 
+def spread(xs):
+    """Mean (lowest-highest) of the values that exist; "-" when none does."""
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    return f"{sum(xs) / len(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
+
+
+def split_means(run, key):
+    """A run's mean over the held-out splits, of `test` (dev's threshold) or `own` (20 traces)."""
+    xs = [run[key].get(s) for s in TEST.values()]
+    return None if None in xs else sum(xs) / len(xs)
+
+
+def kinds(a):
+    """head-kinds.sh's table: each tap x head over the seeds, dev choosing among them all, and
+    zero-shot chat-lm, held-out F1 per split and its mean with the seeds' spread."""
+    seeds = sorted(glob.glob(os.path.join(a.out, "seed-*")))
+    if not seeds:
+        sys.exit(f"head-bench: no seed-* folders under {a.out}")
+    splits = list(TEST.values())
+    print(f"{len(seeds)} seed(s); held-out F1 at dev's threshold, mean over seeds "
+          "(lowest-highest); \"own 20\": each split at a threshold chosen on its first 20 traces, "
+          "scored on its others\n")
+    print("| head | tap | " + " | ".join(splits) + " | **mean** | dev | own 20 | training s |")
+    print("|---|---|" + "---:|" * (len(splits) + 4))
+    names = [(h, t) for t in a.taps.split(",") for h in a.heads.split(",")] + [("dev chooses", None)]
+    for head, tap in names:
+        name = "auto" if tap is None else f"{head}-{re.sub(r'[:+]', '_', tap)}"
+        runs = [trained(p) for d in seeds if os.path.exists(p := os.path.join(d, f"train-{name}.log"))]
+        if not runs:
+            continue
+        kept = "" if tap else " (" + ", ".join(sorted({f"{r['head']} {r['tap']}" for r in runs})) + ")"
+        cells = [spread([r["test"].get(s) for r in runs]) for s in splits]
+        print(f"| {head}{kept} | {tap or a.taps} | " + " | ".join(cells)
+              + f" | **{spread([split_means(r, 'test') for r in runs])}** "
+              + f"| {spread([r['dev_f1'] for r in runs])} "
+              + f"| {spread([split_means(r, 'own') for r in runs])} "
+              + f"| {spread([r.get('train_s') for r in runs])} |")
+    summary = os.path.join(a.out, "chat-lm", "summary.json")
+    if os.path.exists(summary):
+        chat = json.load(open(summary))
+        cal = [chat["calibrated"].get(s) for s in splits]
+        m = None if None in cal else sum(cal) / len(cal)
+        print("| zero-shot chat-lm, threshold from dev | - | "
+              + " | ".join(f(c) for c in cal) + f" | **{f(m)}** | - | - | - |")
+    first = [trained(p) for d in seeds for p in glob.glob(os.path.join(d, "train-*.log"))]
+    x = max((r for r in first if r.get("tokens_s")), key=lambda r: r["tokens"], default=None)
+    if x:
+        print(f"\nextraction: {x['tokens']} tokens in {x['features_s']:.0f} s, "
+              f"{x['tokens_s']} tokens/s (the run that read the most through the base)")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -218,8 +280,12 @@ def main():
                    help="training traces beyond --train, written to more-*.json")
     for name in ("chat", "table"):
         sub.add_parser(name).add_argument("--out", required=True)
+    k = sub.add_parser("kinds")
+    k.add_argument("--out", required=True, help="head-kinds.sh's folder")
+    k.add_argument("--taps", required=True, help="the taps, comma-separated, as trained")
+    k.add_argument("--heads", required=True, help="the head kinds, comma-separated")
     a = p.parse_args()
-    {"prepare": prepare, "chat": chat, "table": table}[a.cmd](a)
+    {"prepare": prepare, "chat": chat, "table": table, "kinds": kinds}[a.cmd](a)
 
 
 if __name__ == "__main__":

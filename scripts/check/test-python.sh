@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The Python client's checks: installs retrace-client (clients/python, its messages generated
-# from proto/) with pytest into the repo's .venv when missing or built from other sources, then
-# runs its tests and the examples against real `retrace serve` processes started from
+# The Python checks: the client's and the bench scripts'. Installs retrace-client
+# (clients/python, its messages generated from proto/) with pytest into the repo's .venv when
+# missing or built from other sources, then runs its tests, the bench scripts' tests
+# (scripts/bench/tests) and the examples against real `retrace serve` processes started from
 # $RETRACE_BIN (default target/debug/retrace, built by cargo beforehand; never built here).
 # Exits non-zero when any test or example fails.
 set -euo pipefail
@@ -28,6 +29,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] \
 fi
 
 .venv/bin/python -m pytest -q clients/python/tests
+# The bench scripts' reading of train-head's output (their own folder, apart from the client's config).
+.venv/bin/python -m pytest -q -p no:asyncio scripts/bench/tests
 for example in examples/best_of_n.py examples/grpo_reward_step.py; do
   echo "== $example"
   .venv/bin/python "$example"

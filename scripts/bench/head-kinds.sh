@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Every probe kind on one base, over seeds: each tap of --taps with each head of --heads trained
+# on its own, then dev choosing among them all, for each seed, over one feature cache (extracted
+# once, by the first run); zero-shot chat-lm on the same base with its threshold from the same
+# dev. Prints one markdown table: held-out F1 per split at dev's threshold, their mean over seeds
+# (lowest-highest seed), dev's F1, the mean at a threshold chosen on 20 of each split's own
+# traces, and training time; then extraction's tokens/s.
+#
+#   scripts/bench/head-kinds.sh --data DIR --base PATH [--out runs/head-kinds] [--seeds 0,1,2]
+#       [--taps middle,span:middle,middle+span:middle] [--heads logistic,mlp,trace]
+#       [--train 300] [--dev 100] [--test 40] [--cut-seed 0] [--no-chat]
+#
+# --base: a model folder or .gguf (scripts/fetch/fetch-qwen-base.sh prints the 0.5B's path).
+# The data is cut as head-bench.sh cuts it (--cut-seed draws the cut; --seeds move only the
+# heads' shuffles and initial weights, so every seed reads the same cached features).
+# RETRACE_BIN=PATH runs that binary instead of building target/release/retrace. A rerun over the
+# same --out reuses the features and chat-lm's scores.
+set -euo pipefail
+source "$(dirname "$0")/../lib/common.sh"
+DATA="" BASE="" OUT=runs/head-kinds SEEDS=0,1,2 TAPS=middle,span:middle,middle+span:middle
+HEADS=logistic,mlp,trace TRAIN=300 DEV=100 TEST=40 CUT=0 CHAT=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --data) DATA=$(realpath "$2"); shift 2 ;;
+    --base) BASE=$(realpath "$2"); shift 2 ;;
+    --out) OUT=$(realpath -m "$2"); shift 2 ;;
+    --seeds) SEEDS=$2; shift 2 ;;
+    --taps) TAPS=$2; shift 2 ;;
+    --heads) HEADS=$2; shift 2 ;;
+    --train) TRAIN=$2; shift 2 ;;
+    --dev) DEV=$2; shift 2 ;;
+    --test) TEST=$2; shift 2 ;;
+    --cut-seed) CUT=$2; shift 2 ;;
+    --no-chat) CHAT=0; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "head-kinds: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$DATA" ] || { echo "head-kinds: --data DIR is required (see --help)" >&2; exit 2; }
+[ -n "$BASE" ] && [ -e "$BASE" ] || { echo "head-kinds: --base PATH is required and must exist" >&2; exit 2; }
+cd "$ROOT"
+BIN=${RETRACE_BIN:-}
+if [ -z "$BIN" ]; then
+  cargo build --release --locked --quiet
+  BIN=target/release/retrace
+fi
+mkdir -p "$OUT"
+python3 scripts/bench/head_bench.py prepare --data "$DATA" --out "$OUT/data" \
+  --train "$TRAIN" --dev "$DEV" --test "$TEST" --seed "$CUT"
+
+train() { # SEED NAME [train-head options...]
+  local seed=$1 name=$2; shift 2
+  mkdir -p "$OUT/seed-$seed"
+  "$BIN" train-head --base "$BASE" --data "$OUT"/data/train-*.json --dev "$OUT"/data/dev-*.json \
+    --test "$OUT"/data/test-*.json --cache "$OUT/features" --out "$OUT/seed-$seed/head" --force \
+    --no-progress --seed "$seed" "$@" > "$OUT/seed-$seed/train-$name.log"
+}
+for seed in ${SEEDS//,/ }; do
+  train "$seed" auto --taps "$TAPS"
+  for tap in ${TAPS//,/ }; do
+    for head in ${HEADS//,/ }; do
+      train "$seed" "$head-${tap//[:+]/_}" --taps "$tap" --head "$head"
+    done
+  done
+  echo "head-kinds: seed $seed done" >&2
+done
+
+if [ "$CHAT" = 1 ]; then
+  cat > "$OUT/chat-lm.toml" <<TOML
+[[evaluator]]
+name = "chat-lm"
+kind = "prm"
+family = "chat-lm"
+model = "$BASE"
+TOML
+  "$BIN" calibrate --config "$OUT/chat-lm.toml" --evaluator chat-lm --per-split \
+    --calibrate-on "$OUT"/data/dev-*.json --test-on "$OUT"/data/test-*.json --out "$OUT/chat-lm" \
+    > "$OUT/chat-lm.log"
+  python3 scripts/bench/head_bench.py chat --out "$OUT" > /dev/null
+fi
+python3 scripts/bench/head_bench.py kinds --out "$OUT" --taps "$TAPS" --heads "$HEADS" \
+  | tee "$OUT/results.md"
