@@ -36,7 +36,8 @@ while [ $# -gt 0 ]; do
     *) echo "head-kinds: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ -n "$DATA" ] || { echo "head-kinds: --data DIR is required (see --help)" >&2; exit 2; }
+[ -d "$DATA/general" ] && [ -d "$DATA/processbench" ] \
+  || { echo "head-kinds: --data DIR holding general/ and processbench/ is required" >&2; exit 2; }
 [ -n "$BASE" ] && [ -e "$BASE" ] || { echo "head-kinds: --base PATH is required and must exist" >&2; exit 2; }
 cd "$ROOT"
 BIN=${RETRACE_BIN:-}
