@@ -13,6 +13,7 @@
 # instead of building target/release/retrace. Features and chat-lm's scores are cached under OUT.
 set -euo pipefail
 source "$(dirname "$0")/../lib/common.sh"
+source "$(dirname "$0")/../lib/heads.sh"
 DATA="" OUT=runs/default-head WRITE=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -27,26 +28,12 @@ done
 cd "$ROOT"
 BASE=$CACHE/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$BASE" ] || scripts/fetch-smollm2.sh
-BIN=${RETRACE_BIN:-}
-if [ -z "$BIN" ]; then
-  cargo build --release --locked --quiet
-  BIN=target/release/retrace
-fi
+release_bin
 mkdir -p "$OUT"
-python3 scripts/bench/head_bench.py prepare --data "$DATA" --out "$OUT/data" \
-  --train 1000 --dev 200 --test 100 --seed 0
+cut_data "$DATA" "$OUT" --train 1000 --dev 200 --test 100 --seed 0
 "$BIN" train-head --base "$BASE" --data "$OUT"/data/train-*.json --dev "$OUT"/data/dev-*.json \
   --test "$OUT"/data/test-*.json --cache "$OUT/features" --out "$OUT/head" --force \
   --no-progress --seed 0 | tee "$OUT/head.log"
-cat > "$OUT/chat-lm.toml" <<TOML
-[[evaluator]]
-name = "chat-lm"
-kind = "prm"
-family = "chat-lm"
-model = "$BASE"
-TOML
-"$BIN" calibrate --config "$OUT/chat-lm.toml" \
-  --evaluator chat-lm --per-split --calibrate-on "$OUT"/data/dev-*.json \
-  --test-on "$OUT"/data/test-*.json --out "$OUT/chat-lm" > "$OUT/chat-lm.log"
+zero_shot_chat_lm "$BASE" "$OUT"
 python3 scripts/bench/default_head.py --run "$OUT" --data "$OUT/data" \
   $([ "$WRITE" = 1 ] && echo "--write heads/smollm2 --fixture tests/fixtures/default-head")

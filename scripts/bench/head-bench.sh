@@ -17,6 +17,7 @@
 # both. Prints markdown tables (docs/training.md shows them).
 set -euo pipefail
 source "$(dirname "$0")/../lib/common.sh"
+source "$(dirname "$0")/../lib/heads.sh"
 cd "$ROOT"
 DATA="" OUT=runs/head-bench TRAIN=2000 DEV=300 TEST=150 MORE=0 BASE="" SEED=0
 while [ $# -gt 0 ]; do
@@ -39,14 +40,9 @@ if [ -z "$BASE" ]; then
   [ -f "$BASE/model.safetensors" ] || scripts/fetch-smollm2.sh --f32
 fi
 [ -e "$BASE" ] || { echo "head-bench: base $BASE does not exist" >&2; exit 2; }
-BIN=${RETRACE_BIN:-}
-if [ -z "$BIN" ]; then
-  cargo build --release --locked --quiet
-  BIN=target/release/retrace
-fi
+release_bin
 mkdir -p "$OUT"
-python3 scripts/bench/head_bench.py prepare --data "$DATA" --out "$OUT/data" \
-  --train "$TRAIN" --dev "$DEV" --test "$TEST" --more "$MORE" --seed "$SEED"
+cut_data "$DATA" "$OUT" --train "$TRAIN" --dev "$DEV" --test "$TEST" --more "$MORE" --seed "$SEED"
 
 train() { # NAME [train-head options...]
   local name=$1; shift
@@ -64,16 +60,8 @@ done
 
 # Zero-shot chat-lm on the same base: its threshold chosen on the same dev, tested on the same
 # held-out splits (and at its default, 0.5).
-cat > "$OUT/chat-lm.toml" <<TOML
-[[evaluator]]
-name = "chat-lm"
-kind = "prm"
-family = "chat-lm"
-model = "$BASE"
-TOML
-"$BIN" calibrate --config "$OUT/chat-lm.toml" --evaluator chat-lm --per-split \
-  --calibrate-on "$OUT"/data/dev-*.json --test-on "$OUT"/data/test-*.json --out "$OUT/chat-lm" \
-  | tee "$OUT/chat-lm.log"
+zero_shot_chat_lm "$BASE" "$OUT"
+cat "$OUT/chat-lm.log"
 python3 scripts/bench/head_bench.py chat --out "$OUT"
 
 # Extraction against serving on the same 64 gsm8k traces, alternating, 2 rounds each: the

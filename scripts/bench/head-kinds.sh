@@ -17,6 +17,7 @@
 # same --out reuses the features and chat-lm's scores.
 set -euo pipefail
 source "$(dirname "$0")/../lib/common.sh"
+source "$(dirname "$0")/../lib/heads.sh"
 DATA="" BASE="" OUT=runs/head-kinds SEEDS=0,1,2 TAPS=middle,span:middle,middle+span:middle
 HEADS=logistic,mlp,trace TRAIN=300 DEV=100 TEST=40 CUT=0 CHAT=1
 while [ $# -gt 0 ]; do
@@ -40,14 +41,9 @@ done
   || { echo "head-kinds: --data DIR holding general/ and processbench/ is required" >&2; exit 2; }
 [ -n "$BASE" ] && [ -e "$BASE" ] || { echo "head-kinds: --base PATH is required and must exist" >&2; exit 2; }
 cd "$ROOT"
-BIN=${RETRACE_BIN:-}
-if [ -z "$BIN" ]; then
-  cargo build --release --locked --quiet
-  BIN=target/release/retrace
-fi
+release_bin
 mkdir -p "$OUT"
-python3 scripts/bench/head_bench.py prepare --data "$DATA" --out "$OUT/data" \
-  --train "$TRAIN" --dev "$DEV" --test "$TEST" --seed "$CUT"
+cut_data "$DATA" "$OUT" --train "$TRAIN" --dev "$DEV" --test "$TEST" --seed "$CUT"
 
 train() { # SEED NAME [train-head options...]
   local seed=$1 name=$2; shift 2
@@ -67,16 +63,7 @@ for seed in ${SEEDS//,/ }; do
 done
 
 if [ "$CHAT" = 1 ]; then
-  cat > "$OUT/chat-lm.toml" <<TOML
-[[evaluator]]
-name = "chat-lm"
-kind = "prm"
-family = "chat-lm"
-model = "$BASE"
-TOML
-  "$BIN" calibrate --config "$OUT/chat-lm.toml" --evaluator chat-lm --per-split \
-    --calibrate-on "$OUT"/data/dev-*.json --test-on "$OUT"/data/test-*.json --out "$OUT/chat-lm" \
-    > "$OUT/chat-lm.log"
+  zero_shot_chat_lm "$BASE" "$OUT"
   python3 scripts/bench/head_bench.py chat --out "$OUT" > /dev/null
 fi
 python3 scripts/bench/head_bench.py kinds --out "$OUT" --taps "$TAPS" --heads "$HEADS" \
