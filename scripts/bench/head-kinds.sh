@@ -4,7 +4,8 @@
 # once, by the first run); zero-shot chat-lm on the same base with its threshold from the same
 # dev. Prints one markdown table: held-out F1 per split at dev's threshold, their mean over seeds
 # (lowest-highest seed), dev's F1, the mean at a threshold chosen on 20 of each split's own
-# traces, and training time; then extraction's tokens/s.
+# traces, and training time; then extraction's tokens/s. Each run's head folder stays
+# (OUT/seed-S/head-NAME, with its dev and test scores), its log beside it (train-NAME.log).
 #
 #   scripts/bench/head-kinds.sh --data DIR --base PATH [--out runs/head-kinds] [--seeds 0,1,2]
 #       [--taps middle,span:middle,middle+span:middle] [--heads logistic,mlp,trace]
@@ -49,7 +50,7 @@ train() { # SEED NAME [train-head options...]
   local seed=$1 name=$2; shift 2
   mkdir -p "$OUT/seed-$seed"
   "$BIN" train-head --base "$BASE" --data "$OUT"/data/train-*.json --dev "$OUT"/data/dev-*.json \
-    --test "$OUT"/data/test-*.json --cache "$OUT/features" --out "$OUT/seed-$seed/head" --force \
+    --test "$OUT"/data/test-*.json --cache "$OUT/features" --out "$OUT/seed-$seed/head-$name" --force \
     --no-progress --seed "$seed" "$@" > "$OUT/seed-$seed/train-$name.log"
 }
 for seed in ${SEEDS//,/ }; do
