@@ -122,6 +122,8 @@ def parse_log(text):
     m = re.search(r"training on (\d+) traces: ([\d.]+) s", text)
     if m:
         out["train_traces"], out["train_s"] = int(m.group(1)), float(m.group(2))
+    m = re.search(r"^test mean F1 over splits: ([\d.]+)", text, re.M)
+    out["test_mean"] = float(m.group(1)) if m else None
     for m in re.finditer(r"^test (\S+): F1 (\S+) \(error accuracy", text, re.M):
         out["test"][m.group(1)] = None if m.group(2) == "-" else float(m.group(2))
     for m in re.finditer(r"^test (\S+): F1 (\S+) on its other", text, re.M):
@@ -223,6 +225,8 @@ def spread(xs):
 
 def split_means(run, key):
     """A run's mean over the held-out splits, of `test` (dev's threshold) or `own` (20 traces)."""
+    if key == "test" and run.get("test_mean") is not None:
+        return run["test_mean"]  # as train-head averaged them, before rounding
     xs = [run[key].get(s) for s in TEST.values()]
     return None if None in xs else sum(xs) / len(xs)
 
@@ -245,7 +249,8 @@ def kinds(a):
         runs = [trained(p) for d in seeds if os.path.exists(p := os.path.join(d, f"train-{name}.log"))]
         if not runs:
             continue
-        kept = "" if tap else " (" + ", ".join(sorted({f"{r['head']} {r['tap']}" for r in runs})) + ")"
+        chosen = {r["head"] + ("" if r["tap"] == "?" else " " + r["tap"]) for r in runs}
+        kept = "" if tap else " (" + ", ".join(sorted(chosen)) + ")"
         cells = [spread([r["test"].get(s) for r in runs]) for s in splits]
         print(f"| {head}{kept} | {tap or a.taps} | " + " | ".join(cells)
               + f" | **{spread([split_means(r, 'test') for r in runs])}** "

@@ -36,6 +36,7 @@ def test_the_head_its_tap_and_its_costs():
     assert run["dev_f1"] == 48.73
     assert (run["tokens"], run["tokens_s"], run["features_s"]) == (299558, 215, 1394.7)
     assert (run["train_traces"], run["train_s"]) == (303, 12.7)
+    assert run["test_mean"] == 25.6
 
 
 def test_the_kinds_table_spreads_each_kind_over_seeds(tmp_path, capsys):
@@ -43,14 +44,20 @@ def test_the_kinds_table_spreads_each_kind_over_seeds(tmp_path, capsys):
         d = tmp_path / f"seed-{seed}"
         d.mkdir()
         text = LOG.replace("F1 - (", "F1 10.0 (").replace("F1 29.5 (", f"F1 {f1} (")
+        text = text.replace("test mean F1 over splits: 25.6\n", "")
         (d / "train-mlp-middle.log").write_text(text)
     (tmp_path / "seed-0" / "train-auto.log").write_text(LOG)
 
     class Args:
         out, taps, heads = str(tmp_path), "middle", "mlp"
     kinds(Args)
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| mlp")]
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("| mlp")]
     # Tracking 20 and 30 over the seeds, physics 10, olympiadbench 29.1: split means 19.7, 23.0.
     assert rows == ["| mlp | middle | 10.0 (10.0-10.0) | 25.0 (20.0-30.0) | 29.1 (29.1-29.1) "
                     "| **21.4 (19.7-23.0)** | 48.7 (48.7-48.7) | 21.5 (21.5-21.5) "
                     "| 12.7 (12.7-12.7) |"]
+    # Dev's choice: the head and tap it kept, and the mean as train-head printed it.
+    chosen = [line for line in out if line.startswith("| dev chooses")]
+    assert chosen[0].startswith("| dev chooses (mlp middle+span:middle) | middle | ")
+    assert "| **25.6 (25.6-25.6)** |" in chosen[0]
