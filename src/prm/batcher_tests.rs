@@ -123,7 +123,7 @@ impl Sim {
             encoded: Encoded {
                 ids: vec![len as u32; len],
                 positions: vec![len - 1],
-                spans: Vec::new(),
+                spans: Ok(Vec::new()),
             },
             reply,
             deadline: deadline_ms.map(|d| self.ms(d)),
@@ -345,7 +345,7 @@ async fn a_dead_model_thread_fails_its_work_and_reports_itself() {
     let encoded = Encoded {
         ids: vec![1, 2, 3],
         positions: vec![2],
-        spans: Vec::new(),
+        spans: Ok(Vec::new()),
     };
     let first = batcher.submit(encoded.clone(), None).unwrap();
     // These queue behind the first, unless the thread died already, which refuses them.
@@ -416,7 +416,7 @@ async fn work_left_in_the_queue_does_not_refuse_the_gates_next_request() {
     let row = || Encoded {
         ids: vec![1],
         positions: vec![0],
-        spans: Vec::new(),
+        spans: Ok(Vec::new()),
     };
     let first = batcher.submit(row(), None).unwrap();
     started.recv().unwrap();
@@ -446,7 +446,7 @@ async fn a_full_queue_is_refused_at_once() {
     let row = || Encoded {
         ids: vec![1],
         positions: vec![0],
-        spans: Vec::new(),
+        spans: Ok(Vec::new()),
     };
     let first = batcher.submit(row(), None).unwrap();
     // Fill the channel's one slot once the thread has taken the first request into its batch.

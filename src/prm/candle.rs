@@ -16,7 +16,7 @@ impl Scorer for PrmModel {
 
     fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
         let (rows, positions) = split(batch);
-        let spans: Vec<&[Span]> = batch.iter().map(|e| e.spans.as_slice()).collect();
+        let spans: Vec<&[Span]> = batch.iter().map(|e| e.marked_spans()).collect();
         Ok(PrmModel::score_spans(self, &rows, &positions, &spans)?)
     }
 

@@ -146,7 +146,7 @@ impl Extractor {
             let wide: Vec<Vec<usize>> = batch
                 .iter()
                 .map(|e| match spans {
-                    true => span_reads(&e.positions, &e.spans),
+                    true => span_reads(&e.positions, e.marked_spans()),
                     false => e.positions.clone(),
                 })
                 .collect();
@@ -155,10 +155,14 @@ impl Extractor {
             for (j, (row, e)) in states.into_iter().zip(batch).enumerate() {
                 done.tokens_done += row.tokens.computed + row.tokens.reused;
                 done.tokens_computed += row.tokens.computed;
-                let span_at = span_rows(e.positions.len(), &e.spans);
+                let span_at = span_rows(e.positions.len(), e.marked_spans());
                 let steps = (0..e.positions.len())
                     .map(|r| per_tap(&row, r, &picks, &pools, span_at.get(r)))
-                    .collect();
+                    .collect::<Result<_, _>>()
+                    .map_err(|message| ExtractError::Trace {
+                        index: at + j,
+                        message,
+                    })?;
                 each(
                     at + j,
                     TraceFeatures {
@@ -221,10 +225,11 @@ impl Extractor {
                     )
                 } else if let Some(id) = e.ids.iter().find(|&&id| id as usize >= vocab) {
                     format!("token id {id} is outside the base's vocabulary of {vocab}")
-                } else if spans && e.spans.len() != e.positions.len() {
-                    "a tap reads each step's own tokens, and the format marked none for this \
-                     trace (chat-lm and rlhflow mark them, unless the chat template rewrote a \
-                     step's text)"
+                } else if let (true, Err(why)) = (spans, &e.spans) {
+                    format!("a tap reads each step's own tokens: {why}")
+                } else if spans && e.marked_spans().len() != e.positions.len() {
+                    "a tap reads each step's own tokens, and this format marks none (chat-lm \
+                     and rlhflow do)"
                         .to_string()
                 } else {
                     return Ok(e);
@@ -257,7 +262,7 @@ fn per_tap(
     picks: &[Vec<usize>],
     pools: &[Pool],
     span: Option<&Range<usize>>,
-) -> Vec<Vec<f32>> {
+) -> Result<Vec<Vec<f32>>, String> {
     let at = |pick: &[usize], read: usize| {
         let states: Vec<&[f32]> = pick.iter().map(|&l| row.at(l, read)).collect();
         average_states(&states)
@@ -266,12 +271,15 @@ fn per_tap(
         .iter()
         .zip(pools)
         .map(|(pick, pool)| match (pool, span) {
+            (Pool::Read, _) => Ok(at(pick, r)),
             (Pool::Span, Some(rows)) => {
                 let tokens: Vec<Vec<f32>> = rows.clone().map(|t| at(pick, t)).collect();
-                average_states(&tokens.iter().map(Vec::as_slice).collect::<Vec<_>>())
+                Ok(average_states(
+                    &tokens.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+                ))
             }
-            // encode_all refuses a trace without spans when a tap reads them.
-            _ => at(pick, r),
+            // encode_all refuses such a trace first; never read the step's read instead.
+            (Pool::Span, None) => Err(format!("step {r} has no tokens of its own marked")),
         })
         .collect()
 }

@@ -21,14 +21,24 @@ const CHAT_LM_REFERENCE: &str = "\n\nReference answer (use it only to check the 
 pub(crate) const OUTCOME_STEP_JOIN: &str = "\n\n";
 /// Stands in for each assistant "+" while rendering, so its place in the text is known exactly.
 const SENTINEL: &str = "\u{E000}";
+/// Stands in for a user turn's content once, at load, to find where the template ends a turn.
+const TURN: &str = "\u{E001}";
 
 /// A trace ready for the model: ids, one read position per step, and where a family marks
-/// them, each step's own tokens (empty where it does not).
+/// them, each step's own tokens (empty where it does not; an error naming the step where the
+/// family marks them and could not find one, which only a head that reads them refuses).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Encoded {
     pub ids: Vec<u32>,
     pub positions: Vec<usize>,
-    pub spans: Vec<Span>,
+    pub spans: Result<Vec<Span>, FormatError>,
+}
+
+impl Encoded {
+    /// Each step's own tokens where the format marked them, else none.
+    pub fn marked_spans(&self) -> &[Span] {
+        self.spans.as_deref().unwrap_or(&[])
+    }
 }
 
 /// Why a trace can't be formatted; `step` names the culprit when one step is.
@@ -52,6 +62,9 @@ pub struct Formatter {
     minus_id: u32,
     /// outcome-rm: the id the last-token read skips (config.json's `pad_token_id`).
     pad_id: Option<u32>,
+    /// The conversation families: the template's text from a user turn's end to the assistant
+    /// turn's start, where each step's text ends (None when rendering a probe turn failed).
+    turn_gap: Option<String>,
 }
 
 /// Why a formatter could not be built from a checkpoint's tokenizer files; each names the file.
@@ -206,6 +219,7 @@ impl Formatter {
             plus_id: 0,
             minus_id: 0,
             pad_id: None,
+            turn_gap: None,
         };
         f.plus_id = f.last_id("+", false)?;
         f.minus_id = f.last_id("-", false)?;
@@ -218,6 +232,9 @@ impl Formatter {
             Family::MathShepherd => f.last_id(SHEPHERD_STEP_TAG, true)?,
             Family::Rlhflow | Family::ChatLm | Family::OutcomeRm => 0,
         };
+        if matches!(family, Family::Rlhflow | Family::ChatLm) {
+            f.turn_gap = f.turn_gap();
+        }
         Ok(f)
     }
 
@@ -277,6 +294,25 @@ impl Formatter {
         }
     }
 
+    /// What the template writes between a user turn's content and the assistant's: a probe
+    /// conversation of one turn each, its content and the assistant's private-use stand-ins.
+    fn turn_gap(&self) -> Option<String> {
+        let probe = [
+            Message {
+                role: "user",
+                content: TURN.into(),
+            },
+            Message {
+                role: "assistant",
+                content: SENTINEL.into(),
+            },
+        ];
+        let rendered = self.template.as_ref()?.render(&probe, false).ok()?;
+        let (_, after) = rendered.split_once(TURN)?;
+        let (gap, _) = after.split_once(SENTINEL)?;
+        Some(gap.to_string())
+    }
+
     fn template(&self) -> &ChatTemplate {
         self.template
             .as_ref()
@@ -329,7 +365,7 @@ impl Formatter {
         Ok(Encoded {
             ids,
             positions,
-            spans: Vec::new(),
+            spans: Ok(Vec::new()),
         })
     }
 
@@ -379,7 +415,7 @@ impl Formatter {
         Ok(Encoded {
             ids,
             positions: vec![read],
-            spans: Vec::new(),
+            spans: Ok(Vec::new()),
         })
     }
 
@@ -395,7 +431,7 @@ impl Formatter {
         Ok(Encoded {
             ids,
             positions,
-            spans: Vec::new(),
+            spans: Ok(Vec::new()),
         })
     }
 
@@ -477,7 +513,14 @@ impl Formatter {
         Ok(Encoded {
             ids: ids.to_vec(),
             positions,
-            spans: step_spans(&text, &plus_at, texts, offsets),
+            spans: match &self.turn_gap {
+                Some(gap) => step_spans(&text, &plus_at, texts, offsets, gap),
+                None => Err(FormatError::Trace(
+                    "the chat template's turn ends could not be found, so a head that reads \
+                     each step's own tokens can't score this base"
+                        .into(),
+                )),
+            },
         })
     }
 }

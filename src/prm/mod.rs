@@ -89,11 +89,13 @@ impl From<PrmError> for EngineError {
     }
 }
 
-/// What a scorer accepts: rows up to `max_tokens` long, token ids below `vocab_size`.
+/// What a scorer accepts: rows up to `max_tokens` long, token ids below `vocab_size`, and
+/// where `reads_spans`, each step's own tokens marked.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limits {
     pub max_tokens: usize,
     pub vocab_size: usize,
+    pub reads_spans: bool,
 }
 
 /// A PRM evaluator: formatter on the caller's task, model on its own thread.
@@ -104,6 +106,7 @@ pub struct PrmEvaluator {
     formatter: Arc<Formatter>,
     max_tokens: usize,
     vocab_size: usize,
+    reads_spans: bool,
     batcher: Batcher,
     /// A trained head's folder (family `head`): its threshold and category labels.
     head: Option<HeadFolder>,
@@ -149,6 +152,7 @@ impl PrmEvaluator {
         let limits = Limits {
             max_tokens: model.max_positions(),
             vocab_size: model.vocab_size(),
+            reads_spans: model.reads_spans(),
         };
         Self::assemble(name, max_concurrency, cfg, folder, formatter, model, limits)
     }
@@ -182,6 +186,7 @@ impl PrmEvaluator {
         let limits = Limits {
             max_tokens: model.max_positions(),
             vocab_size: model.vocab_size(),
+            reads_spans: model.reads_spans(),
         };
         let mut evaluator =
             Self::assemble(name, max_concurrency, cfg, dir, formatter, model, limits)?;
@@ -242,6 +247,7 @@ impl PrmEvaluator {
             formatter: Arc::new(formatter),
             max_tokens: limits.max_tokens,
             vocab_size: limits.vocab_size,
+            reads_spans: limits.reads_spans,
             batcher,
             head: None,
             base: None,
@@ -349,6 +355,11 @@ impl Evaluator for PrmEvaluator {
                         self.vocab_size
                     ),
                 ));
+            }
+            // A head that reads each step's own tokens refuses the trace whose steps the format
+            // could not find, naming the step, before it fails the batch it would join.
+            if let (true, Err(e)) = (self.reads_spans, &encoded.spans) {
+                return Err(PrmError::Format(e.clone()).into());
             }
             let deadline = job.deadline.map(|d| d.into_std());
             let reply = self

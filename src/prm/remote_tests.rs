@@ -5,7 +5,7 @@ fn encoded() -> Encoded {
     Encoded {
         ids: vec![10, 7, 11, 12, 7],
         positions: vec![1, 4],
-        spans: Vec::new(),
+        spans: Ok(Vec::new()),
     }
 }
 

@@ -55,6 +55,7 @@ async fn server(release: mpsc::Receiver<()>) -> TestServer {
         let limits = Limits {
             max_tokens: 4096,
             vocab_size: 1 << 20,
+            reads_spans: false,
         };
         let prm = PrmEvaluator::with_scorer(&cfg.name, cfg.max_concurrency, prm, scorer, limits)?;
         Ok(Arc::new(prm) as Arc<dyn Evaluator>)

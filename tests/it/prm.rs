@@ -6,12 +6,13 @@ use retrace::Env;
 use retrace::FieldPath;
 use retrace::PrmEvaluator;
 use retrace::{DeviceSpec, PrmConfig};
+use retrace::{Encoded, Limits, ScoreError, Scorer};
 use retrace::{EngineError, Evaluator, Job};
 use retrace::{Family, Formatter};
 use retrace::{Step, Trace};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 const FAMILIES: &[&str] = &[
     "qwen2-math-prm",
@@ -115,12 +116,12 @@ fn assert_formats(family: &str, dir: &Path, fixture: &Fixture) {
 /// and lie after the previous step's read and before the step's own. Others mark none.
 fn assert_spans(family: &str, dir: &Path, e: &retrace::Encoded, c: &Case) {
     if !matches!(family, "chat-lm" | "rlhflow") {
-        assert!(e.spans.is_empty(), "{family} {}: {:?}", c.id, e.spans);
+        assert_eq!(e.spans, Ok(vec![]), "{family} {}", c.id);
         return;
     }
-    assert_eq!(e.spans.len(), c.steps.len(), "{family} {}", c.id);
+    assert_eq!(e.marked_spans().len(), c.steps.len(), "{family} {}", c.id);
     let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
-    for (k, (span, step)) in e.spans.iter().zip(&c.steps).enumerate() {
+    for (k, (span, step)) in e.marked_spans().iter().zip(&c.steps).enumerate() {
         let text = tokenizer.decode(&e.ids[span.clone()], false).unwrap();
         assert!(
             text.contains(step.trim()),
@@ -266,6 +267,104 @@ async fn over_long_traces_and_tagged_steps_are_refused_by_field() {
         }
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
     }
+}
+
+fn steps(question: &str, texts: &[&str]) -> Trace {
+    Trace {
+        question: question.into(),
+        options: vec![],
+        steps: texts
+            .iter()
+            .map(|t| Step {
+                text: t.to_string(),
+                span: None,
+            })
+            .collect(),
+        reference_answer: None,
+    }
+}
+
+/// A step that spells the template's own words ("assistant", "user", "end") is marked in its
+/// own user turn, before the turn's end and the assistant's header, not inside them.
+#[test]
+fn a_step_that_spells_the_templates_words_is_marked_in_its_own_turn() {
+    let cache = Env::process().cache_dir();
+    for family in ["chat-lm", "rlhflow"] {
+        let fixture =
+            read_fixture(&root().join(format!("tests/fixtures/real-tokenizers/{family}.json")));
+        let dir = cache.join(fixture.tokenizer_dir.as_deref().expect("tokenizer_dir"));
+        let f = Formatter::load(Family::parse(family).unwrap(), &dir).unwrap();
+        let tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        let texts = ["assistant", "user", "end", "a"];
+        let e = f.encode(&steps("Which word?", &texts)).unwrap();
+        let spans = e.spans.clone().unwrap();
+        for (k, (span, text)) in spans.iter().zip(texts).enumerate() {
+            let decode = |ids: &[u32]| tokenizer.decode(ids, false).unwrap();
+            assert_eq!(
+                decode(&e.ids[span.clone()]).trim(),
+                text,
+                "{family} step {k}"
+            );
+            // What follows the span up to its read is the turn's end and the assistant's header.
+            let tail = decode(&e.ids[span.end..=e.positions[k]]);
+            assert!(tail.contains("assistant"), "{family} step {k}: {tail:?}");
+        }
+    }
+}
+
+/// Records what reaches the model; every step scores 0.9.
+struct Records(Arc<Mutex<Vec<Encoded>>>);
+
+impl Scorer for Records {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
+        let mut seen = self.0.lock().unwrap();
+        seen.extend(batch.iter().map(|&e| e.clone()));
+        Ok(batch.iter().map(|e| vec![0.9; e.positions.len()]).collect())
+    }
+}
+
+/// A head that reads each step's own tokens refuses, by the step's field, the trace whose step
+/// the chat template rewrote, before it reaches the batch it would fail for its neighbours.
+#[tokio::test]
+async fn a_span_head_refuses_alone_a_trace_whose_step_the_template_rewrote() {
+    let dir = crate::common::TempDir::new("rewrites");
+    for file in ["config.json", "tokenizer.json"] {
+        std::fs::copy(tiny("chat-lm").join(file), dir.0.join(file)).unwrap();
+    }
+    let config = std::fs::read_to_string(tiny("chat-lm").join("tokenizer_config.json")).unwrap();
+    let rewrites = config.replace(
+        "message['content']",
+        "message['content'] | replace('cat', 'dog')",
+    );
+    assert_ne!(config, rewrites);
+    std::fs::write(dir.0.join("tokenizer_config.json"), rewrites).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut cfg = prm_table("chat-lm", &dir.0);
+    cfg.candle.max_wait_ms = Some(0);
+    let limits = Limits {
+        max_tokens: 4096,
+        vocab_size: 1 << 20,
+        reads_spans: true,
+    };
+    let e = PrmEvaluator::with_scorer("spans", 4, &cfg, Records(seen.clone()), limits).unwrap();
+    let rewritten = steps("Pets?", &["a bird", "a cat"]);
+    match e.evaluate(job(&rewritten)).await {
+        Err(EngineError::Invalid { field, message }) => {
+            assert_eq!(field, FieldPath::root().then("steps").at(1));
+            assert!(message.contains("rewrote its text"), "{message}");
+        }
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+    let kept = steps("Pets?", &["a bird", "a fish"]);
+    let judged = e.evaluate(job(&kept)).await.unwrap();
+    assert_eq!(judged.step_scores, vec![0.9, 0.9]);
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen.len(),
+        1,
+        "only the trace the template kept reaches the model"
+    );
+    assert_eq!(seen[0].spans.as_ref().map(Vec::len), Ok(2));
 }
 
 #[tokio::test]

@@ -71,6 +71,14 @@ impl SpanRows {
             if let Some(k) = s.iter().position(|s| s.is_empty()) {
                 return Err(format!("row {row}: step {k}'s span holds no token"));
             }
+            // A step's tokens come before its read (the pass computes no further than a row's
+            // last read, and counts its tokens so).
+            if let Some(k) = s.iter().zip(*p).position(|(s, &at)| s.end > at + 1) {
+                return Err(format!(
+                    "row {row}: step {k}'s span {:?} runs past its read at {}",
+                    s[k], p[k]
+                ));
+            }
             out.reads.extend((at..at + p.len()).map(|r| r as u32));
             let rows = span_rows(p.len(), s);
             out.spans
@@ -105,6 +113,12 @@ mod tests {
             SpanRows::new(&[p0], &[s1])
                 .unwrap_err()
                 .contains("2 reads but 1")
+        );
+        let late: &[Span] = &[1..4, 6..11];
+        assert!(
+            SpanRows::new(&[p0], &[late])
+                .unwrap_err()
+                .contains("step 1's span 6..11 runs past its read at 9")
         );
     }
 }

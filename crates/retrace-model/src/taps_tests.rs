@@ -438,6 +438,14 @@ fn a_span_head_scores_the_mean_over_each_steps_tokens_beside_the_read() {
         err.to_string().contains("step 0's span holds no token"),
         "{err}"
     );
+    // A span past its step's read is refused, not computed beyond the row's last read.
+    let mut late = spans[0].clone();
+    let last = late.len() - 1;
+    late[last] = pos[0][last]..pos[0][last] + 2;
+    let err = model
+        .score_spans(&rows[..1], &pos[..1], &[&late])
+        .unwrap_err();
+    assert!(err.to_string().contains("runs past its read"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
