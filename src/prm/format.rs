@@ -2,7 +2,7 @@
 //! positions where each step's score is read. Byte-exact strings, the model's own tokenizer.
 
 pub use super::family::{Family, PrmKind};
-use super::spans::step_spans;
+use super::spans::{Unmarked, step_spans};
 pub use super::template::TemplateError;
 use super::template::{ChatTemplate, Message, special_token};
 use crate::trace::Trace;
@@ -514,7 +514,8 @@ impl Formatter {
             ids: ids.to_vec(),
             positions,
             spans: match &self.turn_gap {
-                Some(gap) => step_spans(&text, &plus_at, texts, offsets, gap),
+                Some(gap) => step_spans(&text, &plus_at, texts, offsets, gap)
+                    .map_err(|Unmarked { step, message }| FormatError::Step { step, message }),
                 None => Err(FormatError::Trace(
                     "the chat template's turn ends could not be found, so a head that reads \
                      each step's own tokens can't score this base"

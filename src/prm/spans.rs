@@ -2,8 +2,14 @@
 //! user turn that holds it, as token positions (what a head that pools over a step's tokens
 //! reads; `retrace_model::span_reads`).
 
-use super::format::FormatError;
 use retrace_model::Span;
+
+/// The step whose tokens could not be marked, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Unmarked {
+    pub(super) step: usize,
+    pub(super) message: String,
+}
 
 /// Each step's tokens: those that overlap its text (`texts[k]`, trimmed) where its user turn's
 /// content ends, `gap` (the template's text from a user turn's end to its assistant turn's
@@ -18,11 +24,11 @@ pub(super) fn step_spans(
     texts: &[&str],
     offsets: &[(usize, usize)],
     gap: &str,
-) -> Result<Vec<Span>, FormatError> {
+) -> Result<Vec<Span>, Unmarked> {
     let mut spans = Vec::with_capacity(texts.len());
     let mut from = 0;
     for (step, (&at, &given)) in plus_at.iter().zip(texts).enumerate() {
-        let refuse = |message: &str| FormatError::Step {
+        let refuse = |message: &str| Unmarked {
             step,
             message: format!(
                 "{message}, so a head that reads each step's own tokens can't score it"
@@ -94,7 +100,7 @@ mod tests {
         let offsets = chars(text);
         let refused =
             |texts: &[&str], gap: &str| match step_spans(text, &plus_at, texts, &offsets, gap) {
-                Err(FormatError::Step { step, message }) => (step, message),
+                Err(Unmarked { step, message }) => (step, message),
                 other => panic!("{other:?}"),
             };
         let (step, message) = refused(&["a b", "c"], "\nA:");
