@@ -19,7 +19,8 @@
 //! - `composite.rs`: a step evaluator and an outcome reward model on one trace at once; its
 //!   `CompositeConfig`.
 //! - `prm/`: PRMs as evaluators: `config.rs` (its keys; a vLLM server's in `[evaluator.vllm]`),
-//!   formats per family (`format.rs`, `template.rs`), the batcher thread driving a `Scorer`
+//!   formats per family (`format.rs`, the conversation families' turns in `format/turns.rs`
+//!   and each step's own tokens in `spans.rs`; `template.rs`), the batcher thread driving a `Scorer`
 //!   (`batcher.rs`), the candle model as one scorer (`candle.rs`); `remote.rs`, the same formats
 //!   scored by a vLLM server: an evaluator of its own rather than a scorer under the batcher,
 //!   because vLLM batches continuously and wants many requests in flight, which the batcher's
