@@ -19,6 +19,10 @@ const WINDOW: Duration = Duration::from_secs(1);
 /// is low, refuses what would fit, and only answered work measures it again. At most one such
 /// probe can be late in each interval.
 const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// Each probe in a row that ends unanswered (late, failed, dropped) doubles that interval, up to
+/// this many times (64 s): a machine slowed past the deadlines is not handed every request that
+/// arrives a second after the last to fail, and an answer resets it.
+const MAX_PROBE_DOUBLINGS: u32 = 6;
 /// The newest sample's weight in the pace: half, so a few probes bring a pace that was
 /// measured low back to the machine's.
 const ALPHA: f64 = 0.5;
@@ -58,6 +62,8 @@ struct State {
     serving: u64,
     /// When work was last counted as pending.
     last_start: Option<Instant>,
+    /// Probes that ended unanswered since the last answer.
+    failed_probes: u32,
     /// Since when `pending` has been above zero.
     busy_since: Option<Instant>,
     /// The last answer, or the start of this busy spell: the evaluator has worked on what it
@@ -111,8 +117,11 @@ impl Pace {
         now: Instant,
     ) -> Result<Vec<Ticket<'_>>, TooSlow> {
         let mut s = self.lock();
-        s.check(sizes.iter().sum(), self.concurrency, deadline, now)?;
-        Ok(sizes.iter().map(|&b| s.start(self, b, now)).collect())
+        let probe = s.check(sizes.iter().sum(), self.concurrency, deadline, now)?;
+        Ok(sizes
+            .iter()
+            .map(|&b| s.start(self, b, now, probe))
+            .collect())
     }
 
     /// `admit` for one trace.
@@ -123,20 +132,22 @@ impl Pace {
         now: Instant,
     ) -> Result<Ticket<'_>, TooSlow> {
         let mut s = self.lock();
-        s.check(bytes, self.concurrency, deadline, now)?;
-        Ok(s.start(self, bytes, now))
+        let probe = s.check(bytes, self.concurrency, deadline, now)?;
+        Ok(s.start(self, bytes, now, probe))
     }
 
     /// Whether `bytes` of work admitted at `now` could finish by `deadline`; counts nothing.
     #[cfg(test)]
     fn admits(&self, bytes: u64, deadline: Option<Instant>, now: Instant) -> Result<(), TooSlow> {
-        self.lock().check(bytes, self.concurrency, deadline, now)
+        self.lock()
+            .check(bytes, self.concurrency, deadline, now)
+            .map(|_| ())
     }
 
     /// Counts `bytes` as pending until the ticket is dropped, with no check: work an evaluator
     /// already admitted hands on (a cascade's call to the evaluator it wraps).
     pub(super) fn start(&self, bytes: u64, now: Instant) -> Ticket<'_> {
-        self.lock().start(self, bytes, now)
+        self.lock().start(self, bytes, now, false)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -147,8 +158,14 @@ impl Pace {
         self.lock().serving += bytes;
     }
 
-    fn finish(&self, bytes: u64, serving: bool, cleared: bool, now: Instant) -> Option<f64> {
+    fn finish(&self, t: &Ticket<'_>, cleared: bool, now: Instant) -> Option<f64> {
+        let (bytes, serving) = (t.bytes, t.serving);
         let mut s = self.lock();
+        if cleared {
+            s.failed_probes = 0;
+        } else if t.probe {
+            s.failed_probes = s.failed_probes.saturating_add(1);
+        }
         s.pending = s.pending.saturating_sub(bytes);
         s.requests = s.requests.saturating_sub(1);
         if serving {
@@ -187,30 +204,30 @@ impl State {
     /// `concurrency` less one, at the mean request: it ends when its batch does); a request
     /// that alone would take longer than its deadline is refused too. Always yes with no
     /// deadline, before the pace is known, or as a probe (an evaluator idle and given nothing
-    /// for `PROBE_AFTER`).
+    /// for `PROBE_AFTER`, doubled for each probe in a row that ended unanswered): Ok(true) says
+    /// it was admitted only as a probe.
     fn check(
         &self,
         bytes: u64,
         concurrency: usize,
         deadline: Option<Instant>,
         now: Instant,
-    ) -> Result<(), TooSlow> {
+    ) -> Result<bool, TooSlow> {
         let (Some(deadline), Some(rate)) = (deadline, self.rate) else {
-            return Ok(());
+            return Ok(false);
         };
-        let quiet = self
-            .last_start
-            .is_none_or(|t| now.saturating_duration_since(t) >= PROBE_AFTER);
-        if self.pending == 0 && quiet {
-            return Ok(());
-        }
         let ahead = self.ahead(rate, now);
         let mates = self.requests.min(concurrency - 1) as f64;
         let beside = (mates * self.mean.unwrap_or(0.0)) as u64;
         let estimate = Duration::from_secs_f64((ahead + beside + bytes) as f64 / rate);
         let left = deadline.saturating_duration_since(now);
+        let wait = PROBE_AFTER * 2u32.pow(self.failed_probes.min(MAX_PROBE_DOUBLINGS));
+        let quiet = self
+            .last_start
+            .is_none_or(|t| now.saturating_duration_since(t) >= wait);
         match estimate.mul_f64(MARGIN) <= left {
-            true => Ok(()),
+            true => Ok(false),
+            false if self.pending == 0 && quiet => Ok(true),
             false => Err(TooSlow {
                 estimate,
                 left,
@@ -223,7 +240,7 @@ impl State {
 
     /// Counts `bytes` as pending; `Ticket::done` counts them as cleared (a failure or a drop
     /// does not: the pace is what the evaluator answers).
-    fn start<'a>(&mut self, pace: &'a Pace, bytes: u64, now: Instant) -> Ticket<'a> {
+    fn start<'a>(&mut self, pace: &'a Pace, bytes: u64, now: Instant, probe: bool) -> Ticket<'a> {
         if self.pending == 0 {
             self.busy_since = Some(now);
             self.last_finish = Some(now);
@@ -236,6 +253,7 @@ impl State {
             bytes,
             serving: false,
             ended: false,
+            probe,
         }
     }
 
@@ -258,6 +276,8 @@ pub(super) struct Ticket<'a> {
     bytes: u64,
     serving: bool,
     ended: bool,
+    /// Admitted only because the evaluator was quiet, against its estimate.
+    probe: bool,
 }
 
 impl Ticket<'_> {
@@ -270,16 +290,14 @@ impl Ticket<'_> {
     /// The work was answered; returns the pace when this closed a window.
     pub(super) fn done(mut self) -> Option<f64> {
         self.ended = true;
-        self.pace
-            .finish(self.bytes, self.serving, true, Instant::now())
+        self.pace.finish(&self, true, Instant::now())
     }
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            self.pace
-                .finish(self.bytes, self.serving, false, Instant::now());
+            self.pace.finish(self, false, Instant::now());
         }
     }
 }

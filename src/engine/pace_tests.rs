@@ -185,3 +185,34 @@ async fn under_load_a_request_ends_with_the_batch_mates_that_follow_it() {
         .unwrap_err();
     assert_eq!((refused.ahead, refused.beside), (1000, 0));
 }
+
+#[tokio::test(start_paused = true)]
+async fn probes_that_end_unanswered_back_off_and_an_answer_resets_them() {
+    let pace = measured(1000).await;
+    // A machine slowed past the deadlines: 5 s of work against 1 s deadlines, a request a
+    // second. Each probe ends unanswered and doubles the quiet time the next one needs.
+    fn too_long(pace: &Pace) -> Result<Ticket<'_>, TooSlow> {
+        let now = Instant::now();
+        pace.admit_one(5000, Some(now + secs(1.0)), now)
+    }
+    advance(PROBE_AFTER).await;
+    drop(too_long(&pace).unwrap());
+    advance(PROBE_AFTER).await;
+    assert!(too_long(&pace).is_err(), "the next probe waits 2 s");
+    advance(PROBE_AFTER).await;
+    drop(too_long(&pace).unwrap());
+    for waited in 1..4 {
+        advance(PROBE_AFTER).await;
+        assert!(
+            too_long(&pace).is_err(),
+            "{waited} s of the 4 s the next probe waits"
+        );
+    }
+    advance(PROBE_AFTER).await;
+    let probe = too_long(&pace).unwrap();
+    // An answer resets the wait: 6 s after that probe started is enough again (8 s was due).
+    advance(secs(5.0)).await;
+    let _ = probe.done();
+    advance(PROBE_AFTER).await;
+    assert!(too_long(&pace).is_ok());
+}
