@@ -165,6 +165,12 @@ def chat(a):
     print(json.dumps(summary))
 
 
+def mean(xs):
+    """The mean of the values that exist; None when none does."""
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
 def f(v, digits=1):
     return "-" if v is None else f"{v:.{digits}f}"
 
@@ -188,10 +194,6 @@ def table(a):
         chat_f1.append(c)
         chat05.append(c5)
         print(f"| {s} | {f(h)} | {f(c)} | {f(c5)} |")
-
-    def mean(xs):
-        xs = [x for x in xs if x is not None]
-        return sum(xs) / len(xs) if xs else None
 
     mh, mc, m5 = mean(head_f1), mean(chat_f1), mean(chat05)
     print(f"| **mean** | **{f(mh)}** | **{f(mc)}** | **{f(m5)}** |")
@@ -228,7 +230,7 @@ def split_means(run, key):
     if key == "test" and run.get("test_mean") is not None:
         return run["test_mean"]  # as train-head averaged them, before rounding
     xs = [run[key].get(s) for s in TEST.values()]
-    return None if None in xs else sum(xs) / len(xs)
+    return None if None in xs else mean(xs)
 
 
 def kinds(a):
@@ -243,10 +245,15 @@ def kinds(a):
           "scored on its others\n")
     print("| head | tap | " + " | ".join(splits) + " | **mean** | dev | own 20 | training s |")
     print("|---|---|" + "---:|" * (len(splits) + 4))
+    # Every run's log, read once: {log name: [one run per seed that has it]}.
+    logs = {}
+    for d in seeds:
+        for p in sorted(glob.glob(os.path.join(d, "train-*.log"))):
+            logs.setdefault(os.path.basename(p)[6:-4], []).append(trained(p))
     names = [(h, t) for t in a.taps.split(",") for h in a.heads.split(",")] + [("dev chooses", None)]
     for head, tap in names:
         name = "auto" if tap is None else f"{head}-{re.sub(r'[:+]', '_', tap)}"
-        runs = [trained(p) for d in seeds if os.path.exists(p := os.path.join(d, f"train-{name}.log"))]
+        runs = logs.get(name, [])
         if not runs:
             continue
         chosen = {r["head"] + ("" if r["tap"] == "?" else " " + r["tap"]) for r in runs}
@@ -261,11 +268,11 @@ def kinds(a):
     if os.path.exists(summary):
         chat = json.load(open(summary))
         cal = [chat["calibrated"].get(s) for s in splits]
-        m = None if None in cal else sum(cal) / len(cal)
+        m = None if None in cal else mean(cal)
         print("| zero-shot chat-lm, threshold from dev | - | "
               + " | ".join(f(c) for c in cal) + f" | **{f(m)}** | - | - | - |")
-    first = [trained(p) for d in seeds for p in glob.glob(os.path.join(d, "train-*.log"))]
-    x = max((r for r in first if r.get("tokens_s")), key=lambda r: r["tokens"], default=None)
+    every = [r for runs in logs.values() for r in runs if r.get("tokens_s")]
+    x = max(every, key=lambda r: r["tokens"], default=None)
     if x:
         print(f"\nextraction: {x['tokens']} tokens in {x['features_s']:.0f} s, "
               f"{x['tokens_s']} tokens/s (the run that read the most through the base)")

@@ -104,9 +104,7 @@ pub struct PrmEvaluator {
     family: PrmKind,
     folder: PathBuf,
     formatter: Arc<Formatter>,
-    max_tokens: usize,
-    vocab_size: usize,
-    reads_spans: bool,
+    limits: Limits,
     batcher: Batcher,
     /// A trained head's folder (family `head`): its threshold and category labels.
     head: Option<HeadFolder>,
@@ -245,9 +243,7 @@ impl PrmEvaluator {
             family: cfg.family,
             folder,
             formatter: Arc::new(formatter),
-            max_tokens: limits.max_tokens,
-            vocab_size: limits.vocab_size,
-            reads_spans: limits.reads_spans,
+            limits,
             batcher,
             head: None,
             base: None,
@@ -339,26 +335,26 @@ impl Evaluator for PrmEvaluator {
                 &self.name,
                 &self.formatter,
                 job.trace.clone(),
-                Some(self.max_tokens),
+                Some(self.limits.max_tokens),
             )
             .await?;
             // Checked per request: in a batch, one bad row would fail its neighbours too.
             if let Some(id) = encoded
                 .ids
                 .iter()
-                .find(|&&id| id as usize >= self.vocab_size)
+                .find(|&&id| id as usize >= self.limits.vocab_size)
             {
                 return Err(EngineError::invalid(
                     FieldPath::root(),
                     format!(
                         "token id {id} is outside the model's vocabulary of {}: its tokenizer and checkpoint disagree",
-                        self.vocab_size
+                        self.limits.vocab_size
                     ),
                 ));
             }
             // A head that reads each step's own tokens refuses the trace whose steps the format
             // could not find, naming the step, before it fails the batch it would join.
-            if let (true, Err(e)) = (self.reads_spans, &encoded.spans) {
+            if let (true, Err(e)) = (self.limits.reads_spans, &encoded.spans) {
                 return Err(PrmError::Format(e.clone()).into());
             }
             let deadline = job.deadline.map(|d| d.into_std());
