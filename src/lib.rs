@@ -15,7 +15,10 @@
 //! - `config/`: the file, `--set` and typed flags -> one validated `Config`. It owns no kind's
 //!   keys: it composes the kinds' own structs and dispatches on `kind`, and checks the rules that
 //!   span tables (a cascade naming others).
-//! - `cascade.rs`: a PRM, then its judge when unsure; its `CascadeConfig`.
+//! - `cascade/`: a PRM, then its judge when unsure; its `CascadeConfig`. Unsure is a margin, or
+//!   a confidence under a threshold chosen on calibration rows to guarantee an agreement with
+//!   the judge (`guarantee.rs`, pure; `guard.rs`, the rows scored and the choice kept).
+//! - `record.rs`: a judge's or cascade's verdicts written as dataset rows, off the request path.
 //! - `composite.rs`: a step evaluator and an outcome reward model on one trace at once; its
 //!   `CompositeConfig`.
 //! - `prm/`: PRMs as evaluators: `config.rs` (its keys; a vLLM server's in `[evaluator.vllm]`),
@@ -37,7 +40,9 @@
 //!   both spell the same way (`config.rs`): capped bodies, retries with backoff, the breaker, rate
 //!   and concurrency limits, metrics.
 //! - `health.rs`: grpc.health.v1 for the server, the Evaluator service and each evaluator.
-//! - Leaves: `trace.rs` (domain types), `segment.rs` (raw text -> steps), `field.rs` (typed field
+//! - Leaves: `dataset.rs` (labelled traces read from ProcessBench JSON and JSONL rows, one bad
+//!   row named by file and line: the tools' input and a cascade's calibration rows),
+//!   `trace.rs` (domain types), `segment.rs` (raw text -> steps), `field.rs` (typed field
 //!   paths), `env.rs` (the one reader of the process environment, as a value), `rule.rs` (what a
 //!   config rule says when it refuses), `metrics.rs` (every metric name once), `priority.rs` (the
 //!   model's threads below the runtime's).
@@ -58,6 +63,7 @@ mod api;
 mod cascade;
 mod composite;
 mod config;
+mod dataset;
 mod engine;
 mod env;
 mod field;
@@ -75,10 +81,14 @@ mod upstream;
 // The library's face: exactly what the tools, the tests and the fuzz targets name. Everything
 // else is the server's own, so `unreachable_pub` and dead-code lints see all of it.
 pub use api::{TraceParts, category_from_pb, pb, to_status};
-pub use cascade::CascadeConfig;
+pub use cascade::{CascadeConfig, Confidence as CascadeConfidence};
 pub use composite::CompositeConfig;
 pub use config::{
     Config, ConfigError, EvaluatorConfig, KindConfig, ServerConfig, ServerFlags, install_head,
+};
+pub use dataset::{
+    DataError, Purpose, Record, Records, check_files, count_records, read_records,
+    records_from_bytes,
 };
 pub use engine::{
     Description, Engine, EngineError, Evaluator, EvaluatorLoadError, Job, Limit, LoadFailure,
@@ -125,7 +135,7 @@ pub mod fuzzing {
     pub use crate::segment::segment;
 }
 
-use crate::api::{BearerAuth, EvaluatorService, Readable};
+use crate::api::{AdminAuth, BearerAuth, EvaluatorService, Readable};
 use crate::engine::{LoadByName, Loaded};
 use crate::health::Health;
 use std::future::Future;
@@ -215,7 +225,12 @@ pub fn default_loader() -> EvaluatorLoader {
             cfg.max_concurrency,
             j,
         )?)),
-        KindConfig::Cascade(c) => Ok(engine::shared(cascade::load(&cfg.name, c, loaded)?)),
+        KindConfig::Cascade(c) => Ok(engine::shared(cascade::load(
+            &cfg.name,
+            c,
+            cfg.threshold,
+            loaded,
+        )?)),
         KindConfig::Composite(c) => Ok(engine::shared(composite::load(c, loaded)?)),
     })
 }
@@ -307,9 +322,9 @@ fn spawn_http(
     engine: Arc<Engine>,
     stop: &Stop,
 ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, ServeError> {
-    let auth = BearerAuth::new(config.auth_tokens()?);
+    let auths = auths(config, &listener)?;
     let router =
-        api::http::router(engine, auth, config.reward.clone()).map_err(|message| ConfigError {
+        api::http::router(engine, auths, config.reward.clone()).map_err(|message| ConfigError {
             source_name: config.source.clone(),
             message,
         })?;
@@ -318,6 +333,20 @@ fn spawn_http(
         router,
         stop.signal(),
     )))
+}
+
+/// A listener's evaluation and admin auth: admin calls are open without an admin token only
+/// where the listener is loopback.
+fn auths(config: &Config, listener: &TcpListener) -> Result<(BearerAuth, AdminAuth), ServeError> {
+    let admin = config.admin_tokens()?;
+    let at = listener.local_addr().map_err(|source| ServeError::Io {
+        what: "reading the listener's address".into(),
+        source,
+    })?;
+    Ok((
+        api::evaluation_auth(config.auth_tokens()?, &admin),
+        AdminAuth::new(admin, at),
+    ))
 }
 
 /// Waits for the HTTP listener to finish draining, logging how it ended.
@@ -381,9 +410,9 @@ fn grpc_server(
     listener: TcpListener,
     stop: &Stop,
 ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send, ServeError> {
+    let (auth, admin) = auths(config, &listener)?;
     // A request tonic cannot read is answered as bad input, not as our bug (src/api/unreadable.rs).
-    let evaluator = Readable(EvaluatorService::new(engine.clone()).into_server());
-    let auth = BearerAuth::new(config.auth_tokens()?);
+    let evaluator = Readable(EvaluatorService::new(engine.clone(), admin).into_server());
     let reflection = |b: tonic_reflection::server::Builder<'static>| {
         b.register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)

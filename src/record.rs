@@ -1,8 +1,9 @@
 //! Recording a judge's verdicts as dataset rows (`record = "PATH"` on a judge or a cascade):
 //! each judged trace becomes one JSONL line in the shape `eval`, `label` and `train-head` read,
-//! so the judge's decisions can train the head that will spare it. A bounded queue feeds one
-//! writer thread: a request never waits on the disk, and a full queue drops the row (counted),
-//! never the request.
+//! so the judge's decisions can train the head that will spare it. A queue bounded in rows and
+//! in bytes feeds one writer thread: a request never waits on the disk, and a full queue drops
+//! the row (counted), never the request. The files hold users' traces: they are the owner's
+//! alone (0600).
 
 use crate::metrics;
 use crate::rule::{Refused, refuse};
@@ -10,7 +11,10 @@ use crate::trace::{ErrorCategory, Judgement, Trace};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,7 +38,15 @@ pub struct RecordConfig {
     /// Rows waiting for the writer; past it, rows are dropped and counted.
     #[serde(default = "defaults::queue")]
     pub queue: usize,
+    /// Bytes of rows waiting for the writer, in MiB; past it, rows are dropped and counted. A
+    /// row is up to a trace's size (256 KiB by default), so a count of rows alone could hold
+    /// a gigabyte.
+    #[serde(default = "defaults::queue_mb")]
+    pub queue_mb: u64,
 }
+
+/// The mode of a record file: the owner's alone.
+const FILE_MODE: u32 = 0o600;
 
 mod defaults {
     pub(super) fn max_file_mb() -> u64 {
@@ -46,6 +58,9 @@ mod defaults {
     pub(super) fn queue() -> usize {
         4096
     }
+    pub(super) fn queue_mb() -> u64 {
+        16
+    }
 }
 
 impl RecordConfig {
@@ -53,12 +68,40 @@ impl RecordConfig {
         if self.path.as_os_str().is_empty() {
             return refuse("record.path must name a .jsonl file or a folder");
         }
-        if self.max_file_mb == 0 || self.max_files == 0 || self.queue == 0 {
+        if self.max_file_mb == 0 || self.max_files == 0 || self.queue == 0 || self.queue_mb == 0 {
             return refuse(
-                "record.max_file_mb, record.max_files and record.queue must be at least 1",
+                "record.max_file_mb, record.max_files, record.queue and record.queue_mb must be \
+                 at least 1",
             );
         }
         Ok(())
+    }
+
+    /// The folder the files live in and their stem: `PATH.jsonl`'s folder and `PATH`'s stem,
+    /// or a folder's `verdicts`.
+    fn place(&self) -> (PathBuf, String) {
+        let path = &self.path;
+        let folder = path.is_dir() || path.as_os_str().to_string_lossy().ends_with('/');
+        let (dir, stem) = match folder {
+            true => (path.clone(), "verdicts".to_string()),
+            false => {
+                let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+                let stem = path.file_stem().unwrap_or_default();
+                (dir, stem.to_string_lossy().into_owned())
+            }
+        };
+        match dir.as_os_str().is_empty() {
+            true => (PathBuf::from("."), stem),
+            false => (dir, stem),
+        }
+    }
+
+    /// The file rows are appended to, made absolute, so that two configs that name one file
+    /// in two ways are seen to (two writers on one file interleave and rotate each other's).
+    pub(crate) fn current_file(&self) -> PathBuf {
+        let (dir, stem) = self.place();
+        let file = dir.join(format!("{stem}.jsonl"));
+        std::path::absolute(&file).unwrap_or(file)
     }
 }
 
@@ -78,6 +121,7 @@ pub(crate) fn deserialize_record<'de, D: Deserializer<'de>>(
             max_file_mb: defaults::max_file_mb(),
             max_files: defaults::max_files(),
             queue: defaults::queue(),
+            queue_mb: defaults::queue_mb(),
         })),
         // Read again as the struct, so an unknown or mistyped key is named.
         Form::Table(t) => toml::Value::Table(t)
@@ -127,6 +171,9 @@ pub(crate) struct Recorder {
     evaluator: String,
     judge: String,
     tx: SyncSender<String>,
+    /// Bytes queued and not yet taken by the writer, and the most allowed.
+    queued: Arc<AtomicU64>,
+    max_queued: u64,
 }
 
 /// The writing side: one thread owns the file.
@@ -134,6 +181,7 @@ pub(crate) struct Writer {
     evaluator: String,
     files: Files,
     rx: Receiver<String>,
+    queued: Arc<AtomicU64>,
 }
 
 impl Recorder {
@@ -161,16 +209,20 @@ impl Recorder {
     ) -> std::io::Result<(Recorder, Writer)> {
         let files = Files::open(cfg)?;
         let (tx, rx) = sync_channel(cfg.queue);
+        let queued = Arc::new(AtomicU64::new(0));
         metrics::recorded_at_zero(evaluator);
         let recorder = Recorder {
             evaluator: evaluator.into(),
             judge: judge.into(),
             tx,
+            queued: queued.clone(),
+            max_queued: cfg.queue_mb.saturating_mul(1 << 20),
         };
         let writer = Writer {
             evaluator: evaluator.into(),
             files,
             rx,
+            queued,
         };
         Ok((recorder, writer))
     }
@@ -203,12 +255,29 @@ impl Recorder {
         };
         // Plain strings, numbers and lists: serialising cannot fail.
         let line = serde_json::to_string(&row).unwrap_or_default();
-        let outcome = match self.tx.try_send(line) {
-            Ok(()) => return,
+        if let Err(outcome) = self.send(line) {
+            metrics::record_recorded(&self.evaluator, outcome, 1);
+        }
+    }
+
+    /// Queues a row unless the queue is full in rows or in bytes; the outcome it is counted
+    /// under when not.
+    fn send(&self, line: String) -> Result<(), &'static str> {
+        let len = line.len() as u64;
+        let before = self.queued.fetch_add(len, Ordering::AcqRel);
+        // One row larger than the whole bound still goes when nothing is queued: a bound in
+        // bytes must not refuse every row of a long trace.
+        if before > 0 && before + len > self.max_queued {
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+            return Err("dropped");
+        }
+        let refused = match self.tx.try_send(line) {
+            Ok(()) => return Ok(()),
             Err(TrySendError::Full(_)) => "dropped",
             Err(TrySendError::Disconnected(_)) => "failed",
         };
-        metrics::record_recorded(&self.evaluator, outcome, 1);
+        self.queued.fetch_sub(len, Ordering::AcqRel);
+        Err(refused)
     }
 }
 
@@ -255,8 +324,9 @@ impl Writer {
         }
     }
 
-    /// Appends one row; whether it was written.
+    /// Appends one row, taken off the queue; whether it was written.
     fn write(&mut self, line: &str) -> bool {
+        self.queued.fetch_sub(line.len() as u64, Ordering::AcqRel);
         match self.files.append(line) {
             Ok(()) => true,
             Err(e) => {
@@ -280,20 +350,7 @@ struct Files {
 
 impl Files {
     fn open(cfg: &RecordConfig) -> std::io::Result<Files> {
-        let folder = cfg.path.is_dir() || cfg.path.as_os_str().to_string_lossy().ends_with('/');
-        let (dir, stem) = match folder {
-            true => (cfg.path.clone(), "verdicts".to_string()),
-            false => {
-                let dir = cfg.path.parent().unwrap_or(Path::new(".")).to_path_buf();
-                let stem = cfg.path.file_stem().unwrap_or_default();
-                (dir, stem.to_string_lossy().into_owned())
-            }
-        };
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
+        let (dir, stem) = cfg.place();
         std::fs::create_dir_all(&dir)?;
         let current = dir.join(format!("{stem}.jsonl"));
         let (out, size) = open_current(&current)?;
@@ -378,7 +435,13 @@ fn open_current(path: &Path) -> std::io::Result<(BufWriter<File>, u64)> {
         .create(true)
         .read(true)
         .append(true)
+        .mode(FILE_MODE)
         .open(path)?;
+    // A file made before (by another tool, or under another umask) is narrowed too.
+    let permissions = file.metadata()?.permissions();
+    if permissions.mode() & 0o777 != FILE_MODE {
+        file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
+    }
     let whole = whole_length(&mut file)?;
     if whole < file.metadata()?.len() {
         file.set_len(whole)?;

@@ -17,6 +17,7 @@ fn config(path: PathBuf, max_file_mb: u64, queue: usize) -> RecordConfig {
         max_file_mb,
         max_files: 2,
         queue,
+        queue_mb: 16,
     }
 }
 
@@ -204,4 +205,61 @@ fn record_is_a_path_or_a_table_whose_keys_are_checked() {
         ..config("v.jsonl".into(), 1, 1)
     };
     assert!(zero.check().unwrap_err().0.contains("record.queue"));
+}
+
+#[test]
+fn the_files_are_the_owners_alone_whatever_the_umask() {
+    let dir = temp("mode");
+    let path = dir.join("v.jsonl");
+    // A file left readable to all, by another tool or an older server.
+    std::fs::write(&path, "").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let cfg = config(path.clone(), 1, 16);
+    record_all(&cfg, &[(trace("q"), judged(None, ErrorCategory::None))]);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), 0o600);
+    // A file made new is created so, not narrowed after.
+    let fresh = dir.join("fresh.jsonl");
+    record_all(
+        &config(fresh.clone(), 1, 16),
+        &[(trace("q"), judged(None, ErrorCategory::None))],
+    );
+    assert_eq!(mode(&fresh), 0o600);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_queue_is_bounded_in_bytes_as_well_as_rows() {
+    let dir = temp("bytes");
+    let cfg = RecordConfig {
+        queue_mb: 1,
+        ..config(dir.join("v.jsonl"), 64, 4096)
+    };
+    let (recorder, writer) = Recorder::open("c", "j", &cfg).unwrap();
+    // Rows of about 300 KiB: room in rows for 4,096, in bytes for three.
+    let long = |i: usize| {
+        let step = "x".repeat(100 << 10);
+        Trace::of_steps(&format!("q{i}"), &[step.clone(), step.clone(), step])
+    };
+    for i in 0..6 {
+        recorder.record(&long(i), &judged(None, ErrorCategory::None), None);
+    }
+    assert!(recorder.queued.load(Ordering::Acquire) <= 1 << 20);
+    drop(recorder);
+    writer.run();
+    let got = lines(&dir.join("v.jsonl"));
+    assert_eq!(got.len(), 3, "a MiB holds three rows of 300 KiB");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn one_file_named_two_ways_is_one_file() {
+    let a = config("runs/verdicts.jsonl".into(), 1, 1);
+    let b = config("runs/./verdicts.jsonl".into(), 1, 1);
+    let folder = config("runs/".into(), 1, 1);
+    let other = config("runs/other.jsonl".into(), 1, 1);
+    assert_eq!(a.current_file(), b.current_file());
+    assert_eq!(a.current_file(), folder.current_file());
+    assert_ne!(a.current_file(), other.current_file());
+    assert!(a.current_file().is_absolute());
 }

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """What retrace's front doors cost, side by side in one run on one server and model.
 
 Contenders, each scoring the same ProcessBench traces with CONCURRENCY requests in flight:

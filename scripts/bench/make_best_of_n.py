@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Writes bench/best-of-n.jsonl: Best-of-N candidates sampled from SmolLM2-135M-Instruct.
 
 A reranker scores N candidate solutions of one question that all follow one long instruction

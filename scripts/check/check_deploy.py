@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """The checks behind scripts/check/check-deploy.sh that need Python: schema validation of the rendered
 manifests, the cross-references between them, extraction of every PromQL expression for promtool,
 and the comparison of the metric names those expressions query with what a real retrace exports.

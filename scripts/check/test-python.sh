@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The Python checks: the client's and the bench scripts'. Installs retrace-client
+# The Python checks: the client's, the bench scripts' and the checks'. Installs retrace-client
 # (clients/python, its messages generated from proto/) with pytest into the repo's .venv when
-# missing or built from other sources, then runs its tests, the bench scripts' tests
-# (scripts/bench/tests) and the examples against real `retrace serve` processes started from
-# $RETRACE_BIN (default target/debug/retrace, built by cargo beforehand; never built here).
+# missing or built from other sources, then runs its tests, the bench scripts' and the checks'
+# tests (scripts/bench/tests, scripts/check/tests) and the examples against real `retrace serve`
+# processes started from $RETRACE_BIN (default target/debug/retrace, built by cargo beforehand;
+# never built here).
 # Exits non-zero when any test or example fails.
 set -euo pipefail
 source "$(dirname "$0")/../lib/common.sh"
@@ -29,8 +30,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] \
 fi
 
 .venv/bin/python -m pytest -q clients/python/tests
-# The bench scripts' reading of train-head's output (their own folder, apart from the client's config).
-.venv/bin/python -m pytest -q -p no:asyncio scripts/bench/tests
+# The bench scripts' reading of train-head's output and the checks' parsers (their own folders,
+# apart from the client's config).
+.venv/bin/python -m pytest -q -p no:asyncio scripts/bench/tests scripts/check/tests
 for example in examples/best_of_n.py examples/grpo_reward_step.py; do
   echo "== $example"
   .venv/bin/python "$example"

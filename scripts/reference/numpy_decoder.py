@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Independent float64 numpy forward pass for Llama / Qwen2 / Mistral-style decoders.
 
 This is a *reference*, written from the Hugging Face modelling code's maths, not from the Rust code,
@@ -218,7 +219,7 @@ def load(folder: str) -> Model:
     return Model(cfg, _load_weights(folder))
 
 
-if __name__ == "__main__":  # quick check: python numpy_decoder.py FOLDER "text"
+if __name__ == "__main__":  # quick check: scripts/reference/numpy_decoder.py FOLDER "text"
     import sys
     from tokenizers import Tokenizer
 

@@ -1,10 +1,69 @@
-//! Optional bearer-token auth for the Evaluator service and the HTTP routes. Tokens are
-//! compared as SHA-256 digests in constant time: comparing the tokens themselves takes time that
-//! depends on their lengths, which would tell a caller how long a valid token is.
+//! Optional bearer-token auth for the Evaluator service and the HTTP routes, and the admin
+//! calls' own (Reload). Tokens are compared as SHA-256 digests in constant time: comparing the
+//! tokens themselves takes time that depends on their lengths, which would tell a caller how
+//! long a valid token is.
 
 use crate::env::Secret;
+use std::net::SocketAddr;
 use subtle::ConstantTimeEq;
-use tonic::{Request, Status, service::Interceptor};
+use tonic::{Code, Request, Status, service::Interceptor};
+
+/// The bearer auth of evaluation calls: `evaluation` tokens, and `admin` ones too (an admin
+/// call carries one `authorization`, and passes this before its own check); no auth when no
+/// evaluation token is set.
+pub(crate) fn evaluation_auth(evaluation: Vec<Secret>, admin: &[Secret]) -> BearerAuth {
+    let mut tokens = evaluation;
+    if !tokens.is_empty() {
+        tokens.extend(admin.iter().cloned());
+    }
+    BearerAuth::new(tokens)
+}
+
+/// Who may make an admin call (Reload, which swaps what serves): a bearer of an admin token;
+/// with none set, any caller of a loopback listener, and no one else. An evaluation token is
+/// not enough: a trainer's key must not be able to swap the model.
+#[derive(Clone)]
+pub(crate) struct AdminAuth {
+    tokens: BearerAuth,
+    loopback: bool,
+}
+
+impl AdminAuth {
+    /// The admin auth of the listener bound at `listener`.
+    pub(crate) fn new(tokens: Vec<Secret>, listener: SocketAddr) -> Self {
+        AdminAuth {
+            tokens: BearerAuth::new(tokens),
+            loopback: listener.ip().is_loopback(),
+        }
+    }
+
+    /// Checks an admin call's `authorization` value; the error is its status code and why.
+    pub(crate) fn check(&self, authorization: Option<&str>) -> Result<(), (Code, &'static str)> {
+        if self.tokens.digests.is_empty() {
+            return match self.loopback {
+                true => Ok(()),
+                false => Err((
+                    Code::PermissionDenied,
+                    "admin calls are refused on a listener that is not loopback unless \
+                     server.admin_tokens_env names their tokens",
+                )),
+            };
+        }
+        self.tokens
+            .check(authorization)
+            .map_err(|why| (Code::Unauthenticated, why))
+    }
+
+    /// `check` for a gRPC call's metadata.
+    pub(crate) fn check_grpc<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let presented = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        self.check(presented)
+            .map_err(|(code, why)| Status::new(code, why))
+    }
+}
 
 /// Accepts a request whose `authorization` is `Bearer <token>` for a configured token; with no
 /// tokens configured, accepts everything.
@@ -98,6 +157,38 @@ mod tests {
             Err(tonic::Code::Unauthenticated)
         );
         assert_eq!(call(&mut auth, None), Err(tonic::Code::Unauthenticated));
+    }
+
+    #[test]
+    fn admin_calls_need_an_admin_token_or_a_loopback_listener_without_one() {
+        let loopback: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let anywhere: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        let code = |a: &AdminAuth, h: Option<&str>| a.check(h).map_err(|(c, _)| c);
+        let open = AdminAuth::new(vec![], loopback);
+        assert_eq!(code(&open, None), Ok(()));
+        let exposed = AdminAuth::new(vec![], anywhere);
+        assert_eq!(code(&exposed, None), Err(Code::PermissionDenied));
+        assert_eq!(
+            code(&exposed, Some("Bearer anything")),
+            Err(Code::PermissionDenied)
+        );
+        for at in [loopback, anywhere] {
+            let admin = AdminAuth::new(vec![Secret("root".into())], at);
+            assert_eq!(code(&admin, Some("Bearer root")), Ok(()));
+            assert_eq!(
+                code(&admin, Some("Bearer eval")),
+                Err(Code::Unauthenticated)
+            );
+            assert_eq!(code(&admin, None), Err(Code::Unauthenticated));
+        }
+        // An admin token passes the evaluation check it comes through first; with no
+        // evaluation token set, that check stays open rather than demanding the admin's.
+        let admin = [Secret("root".into())];
+        let mut both = evaluation_auth(vec![Secret("eval".into())], &admin);
+        assert_eq!(call(&mut both, Some("Bearer root")), Ok(()));
+        assert_eq!(call(&mut both, Some("Bearer eval")), Ok(()));
+        let mut open = evaluation_auth(vec![], &admin);
+        assert_eq!(call(&mut open, None), Ok(()));
     }
 
     #[test]

@@ -10,7 +10,7 @@ pub(crate) mod http;
 mod status;
 mod unreadable;
 
-pub(crate) use auth::BearerAuth;
+pub(crate) use auth::{AdminAuth, BearerAuth, evaluation_auth};
 pub(crate) use connection::incoming;
 pub use convert::{TraceParts, category_from_pb};
 pub(crate) use deadline::Deadlines;
@@ -51,11 +51,12 @@ const STREAM_MAX_OPEN: usize = 1024;
 /// The retrace.v1.Evaluator service over an engine.
 pub(crate) struct EvaluatorService {
     engine: Arc<Engine>,
+    admin: AdminAuth,
 }
 
 impl EvaluatorService {
-    pub(crate) fn new(engine: Arc<Engine>) -> Self {
-        EvaluatorService { engine }
+    pub(crate) fn new(engine: Arc<Engine>, admin: AdminAuth) -> Self {
+        EvaluatorService { engine, admin }
     }
 
     pub(crate) fn into_server(self) -> pb::evaluator_server::EvaluatorServer<Self> {
@@ -291,6 +292,7 @@ impl pb::evaluator_server::Evaluator for EvaluatorService {
         &self,
         request: Request<pb::ReloadRequest>,
     ) -> Result<Response<pb::ReloadResponse>, Status> {
+        self.admin.check_grpc(&request)?;
         let r = self.engine.reload(&request.get_ref().evaluator).await;
         let r = r.map_err(|e| to_status(&e))?;
         Ok(Response::new(reloaded(r)))

@@ -1,6 +1,8 @@
 //! The one table from engine errors to gRPC status codes, and the outcome label metrics use.
 
 use crate::engine::EngineError;
+use std::time::Duration;
+use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 
 /// Most bytes of an error message a status carries: a message echoes the caller's input (an
@@ -15,14 +17,43 @@ pub(super) const MAX_MESSAGE_BYTES: usize = 1024;
 pub fn to_status(error: &EngineError) -> Status {
     let code = match error {
         EngineError::Invalid { .. } | EngineError::TooLarge { .. } => Code::InvalidArgument,
-        EngineError::Overloaded(_) => Code::ResourceExhausted,
+        EngineError::Overloaded { .. } => Code::ResourceExhausted,
         EngineError::Unavailable(_) => Code::Unavailable,
         EngineError::DeadlineExceeded(_) => Code::DeadlineExceeded,
         EngineError::Cancelled => Code::Cancelled,
         EngineError::Refused(_) => Code::FailedPrecondition,
         EngineError::Internal(_) => Code::Internal,
     };
-    Status::new(code, capped(error.to_string()))
+    let mut status = Status::new(code, capped(error.to_string()));
+    if code == Code::ResourceExhausted {
+        // gRPC's retry pushback: clients that honour it come back when the work ahead has
+        // drained instead of spinning on their own backoff.
+        let ms = retry_after(error).as_millis().to_string();
+        if let Ok(value) = MetadataValue::try_from(ms) {
+            status.metadata_mut().insert(PUSHBACK, value);
+        }
+    }
+    status
+}
+
+/// The trailer that carries gRPC's retry pushback, in milliseconds.
+pub(super) const PUSHBACK: &str = "grpc-retry-pushback-ms";
+/// When an overload's source cannot say when it passes (its pace not measured yet).
+const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// A wait is never shorter than this (a retry at once only adds to the queue) nor longer (a
+/// pace measured on a slowed machine can read hours).
+const RETRY_AFTER_RANGE: (Duration, Duration) =
+    (Duration::from_millis(50), Duration::from_secs(60));
+
+/// When a caller refused for overload should come back: the pace's estimate of when the work
+/// ahead drains, within `RETRY_AFTER_RANGE`, else `DEFAULT_RETRY_AFTER`.
+pub(super) fn retry_after(error: &EngineError) -> Duration {
+    let estimate = match error {
+        EngineError::Overloaded { retry_after, .. } => *retry_after,
+        _ => None,
+    };
+    let (low, high) = RETRY_AFTER_RANGE;
+    estimate.map_or(DEFAULT_RETRY_AFTER, |d| d.clamp(low, high))
 }
 
 /// `message` cut to `MAX_MESSAGE_BYTES` at a character boundary, saying how much was cut.
@@ -46,6 +77,7 @@ pub(super) fn http_status(code: Code) -> u16 {
         Code::Ok => 200,
         Code::InvalidArgument => 400,
         Code::Unauthenticated => 401,
+        Code::PermissionDenied => 403,
         Code::ResourceExhausted => 429,
         Code::Unavailable => 503,
         Code::DeadlineExceeded => 504,
@@ -62,6 +94,7 @@ pub(super) fn code_name(code: Code) -> &'static str {
         Code::Ok => "OK",
         Code::InvalidArgument => "INVALID_ARGUMENT",
         Code::Unauthenticated => "UNAUTHENTICATED",
+        Code::PermissionDenied => "PERMISSION_DENIED",
         Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
         Code::Unavailable => "UNAVAILABLE",
         Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
@@ -81,6 +114,7 @@ pub(crate) fn outcome(code: Code) -> &'static str {
         Code::DeadlineExceeded => "deadline_exceeded",
         Code::Cancelled => "cancelled",
         Code::Unauthenticated => "unauthenticated",
+        Code::PermissionDenied => "permission_denied",
         Code::FailedPrecondition => "failed_precondition",
         _ => "internal",
     }
@@ -97,10 +131,7 @@ mod tests {
                 EngineError::invalid("trace.question", "is required"),
                 Code::InvalidArgument,
             ),
-            (
-                EngineError::Overloaded("full".into()),
-                Code::ResourceExhausted,
-            ),
+            (EngineError::overloaded("full"), Code::ResourceExhausted),
             (
                 EngineError::Unavailable("loading".into()),
                 Code::Unavailable,
@@ -144,6 +175,26 @@ mod tests {
         .collect();
         assert_eq!(http, [400, 401, 429, 503, 504, 409, 500]);
         assert_eq!(code_name(Code::ResourceExhausted), "RESOURCE_EXHAUSTED");
+        let pushback = |e: &EngineError| {
+            let status = to_status(e);
+            let value = status.metadata().get(PUSHBACK)?.to_str().ok()?.to_string();
+            Some(value)
+        };
+        let measured = EngineError::Overloaded {
+            message: "busy".into(),
+            retry_after: Some(Duration::from_millis(1234)),
+        };
+        assert_eq!(pushback(&measured).as_deref(), Some("1234"));
+        assert_eq!(
+            pushback(&EngineError::overloaded("busy")).as_deref(),
+            Some("1000")
+        );
+        let hours = EngineError::Overloaded {
+            message: "slow".into(),
+            retry_after: Some(Duration::from_secs(7200)),
+        };
+        assert_eq!(pushback(&hours).as_deref(), Some("60000"));
+        assert_eq!(pushback(&EngineError::Unavailable("down".into())), None);
         assert_eq!(outcome(Code::DataLoss), "internal");
     }
 }

@@ -6,9 +6,10 @@
 use super::reward::Gives;
 use crate::cascade::CascadeConfig;
 use crate::composite::CompositeConfig;
-use crate::engine::Description;
+use crate::engine::{Description, Sharing};
 use crate::judge::JudgeConfig;
-use crate::prm::PrmConfig;
+use crate::prm::{Backend, PrmConfig};
+use crate::record::RecordConfig;
 use crate::trace::Aggregate;
 use serde::{Deserialize, Serialize};
 
@@ -85,6 +86,26 @@ impl KindConfig {
         match self {
             KindConfig::Prm(p) => format!("prm ({})", p.family.as_str()),
             other => other.name().to_string(),
+        }
+    }
+
+    /// Where it records verdicts, if it does (a judge or a cascade).
+    pub(crate) fn record(&self) -> Option<&RecordConfig> {
+        match self {
+            KindConfig::Judge(j) => j.record.as_ref(),
+            KindConfig::Cascade(c) => c.record.as_ref(),
+            KindConfig::Prm(_) | KindConfig::Composite(_) => None,
+        }
+    }
+
+    /// How its requests share its time: an in-process model batches them on this machine's
+    /// cores; an upstream (a judge, a vLLM PRM) serves them side by side, and so, for the
+    /// deadline's sake, does a cascade or composite, whose requests wait mostly on the
+    /// evaluators they wrap (whose own slots count the work too).
+    pub(crate) fn sharing(&self) -> Sharing {
+        match self {
+            KindConfig::Prm(p) if p.backend == Backend::Candle => Sharing::Batched,
+            _ => Sharing::Parallel,
         }
     }
 

@@ -36,6 +36,10 @@ pub struct ServerFlags {
     /// Environment variable holding accepted bearer tokens, comma-separated [server.auth_tokens_env].
     #[arg(long, env = "RETRACE_AUTH_TOKENS_ENV")]
     pub auth_tokens_env: Option<String>,
+    /// Environment variable holding the admin calls' (Reload) bearer tokens, comma-separated;
+    /// unset, admin calls are taken only on a loopback listener [server.admin_tokens_env].
+    #[arg(long, env = "RETRACE_ADMIN_TOKENS_ENV")]
+    pub admin_tokens_env: Option<String>,
     /// PEM certificate; enables TLS with --tls-key [server.tls_cert].
     #[arg(long, env = "RETRACE_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -69,6 +73,7 @@ impl ServerFlags {
         set(&mut server.max_steps, &self.max_steps);
         set(&mut server.max_trace_bytes, &self.max_trace_bytes);
         set_opt(&mut server.auth_tokens_env, &self.auth_tokens_env);
+        set_opt(&mut server.admin_tokens_env, &self.admin_tokens_env);
         set_opt(&mut server.tls_cert, &self.tls_cert);
         set_opt(&mut server.tls_key, &self.tls_key);
         set(&mut server.cache_dir, &self.cache_dir);

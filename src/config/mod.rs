@@ -87,6 +87,10 @@ pub struct ServerConfig {
     /// Environment variable holding more bearer tokens, comma-separated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auth_tokens_env: Option<String>,
+    /// Environment variable holding the admin calls' bearer tokens (Reload), comma-separated.
+    /// Unset, admin calls are refused but on a loopback listener.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_tokens_env: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -119,6 +123,7 @@ impl Default for ServerConfig {
             max_trace_bytes: 256 * 1024,
             auth_tokens: Vec::new(),
             auth_tokens_env: None,
+            admin_tokens_env: None,
             tls_cert: None,
             tls_key: None,
             cache_dir: Env::process().cache_dir(),
@@ -261,6 +266,7 @@ impl Config {
         {
             return Err(self.fail(format!("reward.evaluator {r:?} names no [[evaluator]]")));
         }
+        self.validate_records()?;
         self.validate_reward_rule()?;
         self.reward
             .check()
@@ -269,6 +275,26 @@ impl Config {
     }
 
     /// That the evaluator `/get_reward` uses gives what `reward.rule` reads.
+    /// No two evaluators record to one file: their writers would interleave rows and rotate
+    /// each other's files.
+    fn validate_records(&self) -> Result<(), ConfigError> {
+        let mut by_file = std::collections::HashMap::new();
+        for e in &self.evaluators {
+            let Some(record) = e.kind.record() else {
+                continue;
+            };
+            if let Some(first) = by_file.insert(record.current_file(), e.name.as_str()) {
+                return Err(self.fail(format!(
+                    "evaluators {first:?} and {:?} both record to {}: give each its own \
+                     record path",
+                    e.name,
+                    record.current_file().display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_reward_rule(&self) -> Result<(), ConfigError> {
         let name = self
             .reward
@@ -341,6 +367,7 @@ impl Config {
                 max_steps: e.max_steps.unwrap_or(self.server.max_steps),
                 max_trace_bytes: e.max_trace_bytes.unwrap_or(self.server.max_trace_bytes),
                 max_concurrency: e.max_concurrency,
+                sharing: e.kind.sharing(),
                 tier: match e.kind {
                     KindConfig::Prm(_) | KindConfig::Judge(_) => 0,
                     KindConfig::Cascade(_) => 1,
@@ -371,20 +398,38 @@ impl Config {
     pub fn auth_tokens(&self) -> Result<Vec<Secret>, ConfigError> {
         let mut tokens = self.server.auth_tokens.clone();
         if let Some(var) = &self.server.auth_tokens_env {
-            let value = self.env.secret(var).ok_or_else(|| {
-                self.fail(format!(
-                    "server.auth_tokens_env names {var}, which is not set"
-                ))
-            })?;
-            tokens.extend(
-                value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|t| !t.is_empty())
-                    .map(|t| Secret(t.to_string())),
-            );
+            tokens.extend(self.tokens_in("auth_tokens_env", var)?);
         }
         Ok(tokens)
+    }
+
+    /// The admin calls' bearer tokens, from `admin_tokens_env`; none when it is unset. Set
+    /// but empty is an error: an operator who set it meant admin calls to need a token.
+    pub fn admin_tokens(&self) -> Result<Vec<Secret>, ConfigError> {
+        let Some(var) = &self.server.admin_tokens_env else {
+            return Ok(Vec::new());
+        };
+        let tokens = self.tokens_in("admin_tokens_env", var)?;
+        if tokens.is_empty() {
+            return Err(self.fail(format!(
+                "server.admin_tokens_env names {var}, which holds no token"
+            )));
+        }
+        Ok(tokens)
+    }
+
+    /// The comma-separated tokens in the variable `var` that the server key `key` names.
+    fn tokens_in(&self, key: &str, var: &str) -> Result<Vec<Secret>, ConfigError> {
+        let value = self
+            .env
+            .secret(var)
+            .ok_or_else(|| self.fail(format!("server.{key} names {var}, which is not set")))?;
+        Ok(value
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| Secret(t.to_string()))
+            .collect())
     }
 
     /// The resolved configuration as TOML, secrets redacted: safe to log.

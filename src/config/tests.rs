@@ -632,3 +632,41 @@ fn an_unset_threshold_is_left_to_the_engine() {
     assert_eq!(set.evaluators.last().unwrap().threshold, Some(0.25));
     assert_eq!(set.slot_specs().last().unwrap().threshold, Some(0.25));
 }
+
+#[test]
+fn two_evaluators_recording_to_one_file_are_refused() {
+    let judge = format!("{JUDGE}record = \"runs/verdicts.jsonl\"\n");
+    let cascade = format!("{CASCADE}record = \"runs/\"\n");
+    let err = parse(&format!("{EXAMPLE}{judge}{cascade}")).unwrap_err();
+    assert!(
+        err.message
+            .contains("\"gpt-4o\" and \"both\" both record to"),
+        "{}",
+        err.message
+    );
+    let apart = format!("{CASCADE}record = \"runs/cascade.jsonl\"\n");
+    parse(&format!("{EXAMPLE}{judge}{apart}")).expect("apart is fine");
+}
+
+#[test]
+fn admin_tokens_come_from_their_variable_and_set_but_empty_is_an_error() {
+    let env = |vars: &[(&'static str, &'static str)]| Env::fixed(vars.iter().copied());
+    let text = EXAMPLE.replace(
+        "shutdown_grace_s = 30",
+        "shutdown_grace_s = 30\nadmin_tokens_env = \"ADMIN\"",
+    );
+    let mut c = parse(&text).unwrap();
+    c.env = env(&[("ADMIN", "root, spare")]);
+    let tokens: Vec<String> = c.admin_tokens().unwrap().into_iter().map(|t| t.0).collect();
+    assert_eq!(tokens, ["root", "spare"]);
+    c.env = env(&[("ADMIN", " , ")]);
+    assert!(
+        c.admin_tokens()
+            .unwrap_err()
+            .message
+            .contains("holds no token")
+    );
+    c.env = env(&[]);
+    assert!(c.admin_tokens().unwrap_err().message.contains("not set"));
+    assert!(parse(EXAMPLE).unwrap().admin_tokens().unwrap().is_empty());
+}

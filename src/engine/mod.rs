@@ -9,6 +9,7 @@ mod reload;
 mod slot;
 
 pub use origin::Origin;
+pub(crate) use pace::Sharing;
 pub use registry::Engine;
 pub(crate) use registry::{Admission, LoadByName, Loaded, any_changed, wrapped};
 pub use reload::Reloaded;
@@ -18,6 +19,7 @@ use crate::field::FieldPath;
 use crate::trace::{Judgement, Trace};
 use futures::future::BoxFuture;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -87,6 +89,12 @@ pub trait Evaluator: Send + Sync + 'static {
         None
     }
 
+    /// Which model answers now, as a count that a swap moves (a reload through the engine):
+    /// a wrapper that calibrated on the last one knows to calibrate again.
+    fn generation(&self) -> u64 {
+        0
+    }
+
     /// Judges one trace; the judgement carries one score per step.
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>>;
 }
@@ -106,8 +114,13 @@ pub enum EngineError {
         limit: Limit,
         message: String,
     },
-    #[error("server at capacity: {0}")]
-    Overloaded(String),
+    /// At capacity; `retry_after` is when the work ahead should have drained, where the
+    /// evaluator's pace knows it (the caller is told to come back then).
+    #[error("server at capacity: {message}")]
+    Overloaded {
+        message: String,
+        retry_after: Option<Duration>,
+    },
     #[error("unavailable: {0}")]
     Unavailable(String),
     #[error("deadline exceeded: {0}")]
@@ -163,6 +176,14 @@ impl EngineError {
             field,
             limit,
             message: message.into(),
+        }
+    }
+
+    /// Overload with no estimate of when it passes (the slot fills one in from its pace).
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        EngineError::Overloaded {
+            message: message.into(),
+            retry_after: None,
         }
     }
 

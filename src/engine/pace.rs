@@ -7,6 +7,12 @@
 //! without tokenizing on the async runtime; the pace is measured in the same unit, so the ratio
 //! cancels. A count of requests is not enough when traces differ in length tenfold, and bytes
 //! alone undercount short ones: each also costs its prompt template and its read-out.
+//!
+//! How the pace is measured depends on how the evaluator shares its time (`Sharing`): a model on
+//! this machine's cores clears a byte rate however many requests it batches, so its pace is bytes
+//! per busy second; an upstream serves each request beside the others, so a rate measured with
+//! one request in flight says nothing of sixteen, and its pace is a request's own bytes per
+//! second of its own service time.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -41,6 +47,19 @@ pub(super) fn work(bytes: usize) -> u64 {
     bytes as u64 + PER_REQUEST
 }
 
+/// How an evaluator's requests share its time, which decides what its pace measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Sharing {
+    /// A model on this machine's cores: requests share its batches and its cores, so what it
+    /// clears is a byte rate over its busy time, and a request ends when its batch does.
+    #[default]
+    Batched,
+    /// An upstream (a judge, a remote PRM) or an evaluator that wraps one: up to
+    /// `max_concurrency` requests run at once, each in about its own time, so the pace is a
+    /// request's bytes over its own service time and the work ahead is shared among the slots.
+    Parallel,
+}
+
 /// One evaluator's pending work and measured pace.
 #[derive(Debug)]
 pub(super) struct Pace {
@@ -48,6 +67,7 @@ pub(super) struct Pace {
     /// Requests the evaluator serves at once (its `max_concurrency`): a request shares its
     /// batch, or the upstream, with up to this many less one, and ends when they all do.
     concurrency: usize,
+    sharing: Sharing,
 }
 
 #[derive(Debug, Default)]
@@ -69,10 +89,12 @@ struct State {
     /// The last answer, or the start of this busy spell: the evaluator has worked on what it
     /// serves since then.
     last_finish: Option<Instant>,
-    /// Busy time and bytes finished since the last sample.
+    /// Busy time and bytes finished since the last sample; for `Sharing::Parallel`, the
+    /// answered requests' own service time and bytes.
     busy: Duration,
     done: u64,
-    /// Bytes cleared per busy second; unknown until the first window of work closes.
+    /// Bytes cleared per busy second (per second of a request's service, for
+    /// `Sharing::Parallel`); unknown until the first window of work closes.
     rate: Option<f64>,
 }
 
@@ -89,20 +111,23 @@ pub(super) struct TooSlow {
     pub beside: u64,
     /// The measured pace, bytes a second.
     pub rate: f64,
+    /// How long the work ahead takes to drain far enough for this request to fit.
+    pub retry_after: Duration,
 }
 
 impl Default for Pace {
     fn default() -> Self {
-        Pace::new(1)
+        Pace::new(1, Sharing::Batched)
     }
 }
 
 impl Pace {
     /// An evaluator's pace, unmeasured, serving `concurrency` requests at once.
-    pub(super) fn new(concurrency: usize) -> Pace {
+    pub(super) fn new(concurrency: usize, sharing: Sharing) -> Pace {
         Pace {
             state: Mutex::default(),
             concurrency: concurrency.max(1),
+            sharing,
         }
     }
 
@@ -117,7 +142,7 @@ impl Pace {
         now: Instant,
     ) -> Result<Vec<Ticket<'_>>, TooSlow> {
         let mut s = self.lock();
-        let probe = s.check(sizes.iter().sum(), self.concurrency, deadline, now)?;
+        let probe = s.check(sizes.iter().sum(), self.shape(), deadline, now)?;
         Ok(sizes
             .iter()
             .map(|&b| s.start(self, b, now, probe))
@@ -132,7 +157,7 @@ impl Pace {
         now: Instant,
     ) -> Result<Ticket<'_>, TooSlow> {
         let mut s = self.lock();
-        let probe = s.check(bytes, self.concurrency, deadline, now)?;
+        let probe = s.check(bytes, self.shape(), deadline, now)?;
         Ok(s.start(self, bytes, now, probe))
     }
 
@@ -140,8 +165,24 @@ impl Pace {
     #[cfg(test)]
     fn admits(&self, bytes: u64, deadline: Option<Instant>, now: Instant) -> Result<(), TooSlow> {
         self.lock()
-            .check(bytes, self.concurrency, deadline, now)
+            .check(bytes, self.shape(), deadline, now)
             .map(|_| ())
+    }
+
+    /// How long the work pending now takes to drain at the measured pace; None before the
+    /// pace is known. What an overloaded caller is told to wait.
+    pub(super) fn drain(&self, now: Instant) -> Option<Duration> {
+        let s = self.lock();
+        let rate = s.rate?;
+        let ahead = s.queued(rate, self.shape(), now);
+        Some(Duration::from_secs_f64(ahead as f64 / rate))
+    }
+
+    fn shape(&self) -> Shape {
+        Shape {
+            concurrency: self.concurrency,
+            sharing: self.sharing,
+        }
     }
 
     /// Counts `bytes` as pending until the ticket is dropped, with no check: work an evaluator
@@ -159,7 +200,7 @@ impl Pace {
     }
 
     fn finish(&self, t: &Ticket<'_>, cleared: bool, now: Instant) -> Option<f64> {
-        let (bytes, serving) = (t.bytes, t.serving);
+        let (bytes, serving) = (t.bytes, t.served_at.is_some());
         let mut s = self.lock();
         if cleared {
             s.failed_probes = 0;
@@ -173,32 +214,74 @@ impl Pace {
         }
         s.last_finish = Some(now);
         if cleared {
-            s.done += bytes;
             let w = bytes as f64;
             s.mean = Some(s.mean.map_or(w, |m| m + MEAN_ALPHA * (w - m)));
         }
-        let since = s.busy_since.unwrap_or(now);
-        let busy = s.busy + now.saturating_duration_since(since);
-        if s.pending == 0 {
-            s.busy = busy;
-            s.busy_since = None;
+        match self.sharing {
+            Sharing::Batched => s.busy_sample(bytes, cleared, now),
+            Sharing::Parallel => s.service_sample(bytes, cleared, t.served_at, now),
         }
-        if busy < WINDOW || s.done == 0 {
-            return None;
-        }
-        let sample = s.done as f64 / busy.as_secs_f64();
-        let rate = s.rate.map_or(sample, |r| r + ALPHA * (sample - r));
-        s.rate = Some(rate);
-        s.busy = Duration::ZERO;
-        s.done = 0;
-        if s.pending > 0 {
-            s.busy_since = Some(now);
-        }
-        Some(rate)
     }
 }
 
 impl State {
+    /// Closes the busy spell's sample when a window of busy time has passed: bytes answered
+    /// over the time anything was pending.
+    fn busy_sample(&mut self, bytes: u64, cleared: bool, now: Instant) -> Option<f64> {
+        if cleared {
+            self.done += bytes;
+        }
+        let since = self.busy_since.unwrap_or(now);
+        let busy = self.busy + now.saturating_duration_since(since);
+        if self.pending == 0 {
+            self.busy = busy;
+            self.busy_since = None;
+        }
+        if busy < WINDOW || self.done == 0 {
+            return None;
+        }
+        let rate = self.close_sample(busy);
+        if self.pending > 0 {
+            self.busy_since = Some(now);
+        }
+        Some(rate)
+    }
+
+    /// Adds an answered request's own service time (from its handing over to its answer) and
+    /// bytes, and closes the sample once a window of service time has gathered. Requests
+    /// answered side by side each add their own time, so the rate is one request's, however
+    /// many ran at once.
+    fn service_sample(
+        &mut self,
+        bytes: u64,
+        cleared: bool,
+        served_at: Option<Instant>,
+        now: Instant,
+    ) -> Option<f64> {
+        if self.pending == 0 {
+            self.busy_since = None;
+        }
+        let (true, Some(at)) = (cleared, served_at) else {
+            return None;
+        };
+        self.done += bytes;
+        self.busy += now.saturating_duration_since(at);
+        if self.busy < WINDOW {
+            return None;
+        }
+        Some(self.close_sample(self.busy))
+    }
+
+    /// The sample of `done` bytes over `time`, folded into the pace.
+    fn close_sample(&mut self, time: Duration) -> f64 {
+        let sample = self.done as f64 / time.as_secs_f64();
+        let rate = self.rate.map_or(sample, |r| r + ALPHA * (sample - r));
+        self.rate = Some(rate);
+        self.busy = Duration::ZERO;
+        self.done = 0;
+        rate
+    }
+
     /// Whether `bytes` of work admitted at `now` can finish by `deadline`, at the measured pace,
     /// behind what is pending and beside its likely batch-mates (as many as are pending, up to
     /// `concurrency` less one, at the mean request: it ends when its batch does); a request
@@ -209,16 +292,21 @@ impl State {
     fn check(
         &self,
         bytes: u64,
-        concurrency: usize,
+        shape: Shape,
         deadline: Option<Instant>,
         now: Instant,
     ) -> Result<bool, TooSlow> {
         let (Some(deadline), Some(rate)) = (deadline, self.rate) else {
             return Ok(false);
         };
-        let ahead = self.ahead(rate, now);
-        let mates = self.requests.min(concurrency - 1) as f64;
-        let beside = (mates * self.mean.unwrap_or(0.0)) as u64;
+        let ahead = self.queued(rate, shape, now);
+        let beside = match shape.sharing {
+            Sharing::Batched => {
+                let mates = self.requests.min(shape.concurrency - 1) as f64;
+                (mates * self.mean.unwrap_or(0.0)) as u64
+            }
+            Sharing::Parallel => 0,
+        };
         let estimate = Duration::from_secs_f64((ahead + beside + bytes) as f64 / rate);
         let left = deadline.saturating_duration_since(now);
         let wait = PROBE_AFTER * 2u32.pow(self.failed_probes.min(MAX_PROBE_DOUBLINGS));
@@ -228,13 +316,30 @@ impl State {
         match estimate.mul_f64(MARGIN) <= left {
             true => Ok(false),
             false if self.pending == 0 && quiet => Ok(true),
-            false => Err(TooSlow {
-                estimate,
-                left,
-                ahead,
-                beside,
-                rate,
-            }),
+            false => {
+                // The work ahead drains at the pace; once enough of it has, this would fit.
+                let over = estimate.mul_f64(MARGIN).saturating_sub(left);
+                let drains = Duration::from_secs_f64(ahead as f64 / rate);
+                Err(TooSlow {
+                    estimate,
+                    left,
+                    ahead,
+                    beside,
+                    rate,
+                    retry_after: over.min(drains),
+                })
+            }
+        }
+    }
+
+    /// The work a new request waits behind. Batched, all that is ahead of it; in parallel,
+    /// nothing while a slot is free, else what is ahead shared among the slots.
+    fn queued(&self, rate: f64, shape: Shape, now: Instant) -> u64 {
+        let ahead = self.ahead(rate, now);
+        match shape.sharing {
+            Sharing::Batched => ahead,
+            Sharing::Parallel if self.requests < shape.concurrency => 0,
+            Sharing::Parallel => ahead / shape.concurrency as u64,
         }
     }
 
@@ -251,7 +356,7 @@ impl State {
         Ticket {
             pace,
             bytes,
-            serving: false,
+            served_at: None,
             ended: false,
             probe,
         }
@@ -269,12 +374,20 @@ impl State {
     }
 }
 
+/// What the estimate needs of the evaluator beside its state.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    concurrency: usize,
+    sharing: Sharing,
+}
+
 /// Work counted as pending; dropping it ends the count.
 #[derive(Debug)]
 pub(super) struct Ticket<'a> {
     pace: &'a Pace,
     bytes: u64,
-    serving: bool,
+    /// When the evaluator was handed the work (past its gate).
+    served_at: Option<Instant>,
     ended: bool,
     /// Admitted only because the evaluator was quiet, against its estimate.
     probe: bool,
@@ -283,7 +396,7 @@ pub(super) struct Ticket<'a> {
 impl Ticket<'_> {
     /// The evaluator has the work now (past its gate).
     pub(super) fn serving(&mut self) {
-        self.serving = true;
+        self.served_at = Some(Instant::now());
         self.pace.serve(self.bytes);
     }
 

@@ -151,7 +151,7 @@ async fn what_is_admitted_is_ahead_of_the_next_admission_and_a_refusal_counts_no
 #[tokio::test(start_paused = true)]
 async fn under_load_a_request_ends_with_the_batch_mates_that_follow_it() {
     // Two served at once; a window of 1000-byte requests sets the pace and the mean request.
-    let pace = Pace::new(2);
+    let pace = Pace::new(2, Sharing::Batched);
     let t = pace.start(1000, Instant::now());
     advance(WINDOW).await;
     assert_eq!(t.done(), Some(1000.0));
@@ -215,4 +215,35 @@ async fn probes_that_end_unanswered_back_off_and_an_answer_resets_them() {
     let _ = probe.done();
     advance(PROBE_AFTER).await;
     assert!(too_long(&pace).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_parallel_the_pace_is_one_requests_own_and_waits_only_past_the_slots() {
+    // Eight 1000-byte requests served side by side for 1 s each: the upstream clears 8000
+    // bytes a busy second, but a request's own pace is 1000 bytes a second.
+    let pace = Pace::new(8, Sharing::Parallel);
+    let tickets: Vec<_> = (0..8)
+        .map(|_| {
+            let mut t = pace.start(1000, Instant::now());
+            t.serving();
+            t
+        })
+        .collect();
+    advance(WINDOW).await;
+    let rates: Vec<_> = tickets.into_iter().map(Ticket::done).collect();
+    assert_eq!(rates.last(), Some(&Some(1000.0)), "{rates:?}");
+    // Seven pending, a slot free: nothing ahead, its own 1 s fits 1.3 s.
+    let now = Instant::now();
+    let _pending: Vec<_> = (0..7).map(|_| pace.start(1000, now)).collect();
+    assert_eq!(
+        pace.admits(1000, Some(now + secs(MARGIN + 1e-6)), now),
+        Ok(())
+    );
+    // Sixteen pending over eight slots: two requests' worth ahead of it.
+    let _more: Vec<_> = (0..9).map(|_| pace.start(1000, now)).collect();
+    let refused = pace.admits(1000, Some(now + secs(2.0)), now).unwrap_err();
+    assert_eq!((refused.ahead, refused.beside), (2000, 0));
+    assert_eq!(refused.estimate, secs(3.0));
+    assert_eq!(refused.retry_after, secs(3.0 * MARGIN - 2.0));
+    assert_eq!(pace.drain(now), Some(secs(2.0)));
 }

@@ -190,7 +190,7 @@ impl Engine {
         let origin = request.origin.clone();
         slot.check_limits(&request.trace)
             .map_err(|e| origin.locate(e))?;
-        let _permit = self.admit(1, &origin.at)?;
+        let _permit = self.admit(slot, 1, &origin.at)?;
         let ticket = slot.paced_one(request.trace.byte_len(), request.deadline)?;
         slot.run(request, ticket)
             .await
@@ -236,7 +236,7 @@ impl Engine {
         }
         let _permit = match admitted.is_empty() {
             true => None,
-            false => Some(self.admit(admitted.len(), list)?),
+            false => Some(self.admit(slot, admitted.len(), list)?),
         };
         let sizes: Vec<usize> = admitted.iter().map(|r| r.trace.byte_len()).collect();
         let tickets = slot.paced(&sizes, admitted.iter().filter_map(|r| r.deadline).min())?;
@@ -262,8 +262,10 @@ impl Engine {
     }
 
     /// Takes `n` in-flight permits at once or refuses: never waits, never queues unboundedly.
+    /// `slot`'s pace says when to come back.
     fn admit(
         &self,
+        slot: &Slot,
         n: usize,
         field: &FieldPath,
     ) -> Result<(OwnedSemaphorePermit, GaugeGuard<impl Fn(f64)>), EngineError> {
@@ -281,11 +283,9 @@ impl Engine {
             .admission
             .clone()
             .try_acquire_many_owned(n32)
-            .map_err(|_| {
-                EngineError::Overloaded(format!(
-                    "{} requests already in flight",
-                    self.max_in_flight
-                ))
+            .map_err(|_| EngineError::Overloaded {
+                message: format!("{} requests already in flight", self.max_in_flight),
+                retry_after: slot.drain(),
             })?;
         let count = n as f64;
         Ok((

@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::engine::EvaluatorLoadError;
+use crate::engine::Sharing;
 use crate::engine::{Job, Origin};
 use crate::trace::{Judgement, Trace};
 use futures::future::BoxFuture;
@@ -47,6 +48,7 @@ fn spec(name: &str, max_concurrency: usize) -> SlotSpec {
         max_steps: 100,
         max_trace_bytes: 1 << 20,
         max_concurrency,
+        sharing: Sharing::Batched,
         tier: 0,
         loading: Description {
             kind: "prm".into(),
@@ -62,8 +64,17 @@ async fn engine(
     max_concurrency: usize,
     work: Duration,
 ) -> (Arc<Engine>, Arc<AtomicUsize>) {
+    engine_of(spec("slow", max_concurrency), max_in_flight, work).await
+}
+
+/// `engine`, of an evaluator `slow` that `spec` describes.
+async fn engine_of(
+    spec: SlotSpec,
+    max_in_flight: usize,
+    work: Duration,
+) -> (Arc<Engine>, Arc<AtomicUsize>) {
     let engine = Engine::new(
-        vec![spec("slow", max_concurrency)],
+        vec![spec],
         Admission {
             max_in_flight,
             default: "slow".into(),
@@ -103,7 +114,7 @@ async fn requests_past_max_in_flight_are_refused_at_once_and_the_rest_served() {
     tokio::task::yield_now().await;
     let third = engine.evaluate(request("", None)).await;
     assert!(
-        matches!(third, Err(EngineError::Overloaded(_))),
+        matches!(third, Err(EngineError::Overloaded { .. })),
         "{third:?}"
     );
     assert_eq!(Instant::now(), t0, "the refusal waited");
@@ -261,4 +272,89 @@ async fn the_threshold_in_force_is_the_configs_else_the_evaluators_own_else_the_
 fn a_wrapped_evaluator_not_loaded_is_named_with_the_key_that_wants_it() {
     let err = wrapped(&Loaded::new(), "judge", "gpt").err().unwrap();
     assert_eq!(err.to_string(), "its judge \"gpt\" is not loaded");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_serves_many_at_once_is_not_refused_work_that_would_finish_in_time() {
+    // A judge that answers each call in 1 s, 64 at once, and 16 callers with 15 s deadlines:
+    // each call takes about 1 s, so none would miss its deadline. A pace that read the
+    // upstream as serial (bytes per busy second, measured while one caller warmed it) saw 16
+    // calls ahead of each, 16 s of work, and refused about half.
+    let judge = SlotSpec {
+        sharing: Sharing::Parallel,
+        ..spec("slow", 64)
+    };
+    let (engine, started) = engine_of(judge, 256, Duration::from_secs(1)).await;
+    let deadline = Some(Duration::from_secs(15));
+    for _ in 0..3 {
+        engine.evaluate(request("", deadline)).await.unwrap();
+    }
+    let callers: Vec<_> = (0..16)
+        .map(|_| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                let mut refused = Vec::new();
+                for _ in 0..6 {
+                    if let Err(e) = engine.evaluate(request("", deadline)).await {
+                        refused.push(e);
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    let refused: Vec<EngineError> = futures::future::join_all(callers)
+        .await
+        .into_iter()
+        .flat_map(|r| r.unwrap())
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{} of 96 refused: {:?}",
+        refused.len(),
+        refused.first()
+    );
+    assert_eq!(started.load(Ordering::SeqCst), 3 + 96);
+    assert_eq!(
+        Instant::now() - t0,
+        Duration::from_secs(6),
+        "16 at once, 1 s each"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_full_past_its_slots_refuses_what_would_wait_too_long_and_says_when() {
+    // Two slots, 1 s a call: with 8 calls admitted, a ninth waits about 4 s for a slot.
+    let judge = SlotSpec {
+        sharing: Sharing::Parallel,
+        ..spec("slow", 2)
+    };
+    let (engine, _) = engine_of(judge, 256, Duration::from_secs(1)).await;
+    engine.evaluate(request("", None)).await.unwrap();
+    let queued: Vec<_> = (0..8)
+        .map(|_| {
+            let engine = engine.clone();
+            tokio::spawn(async move { engine.evaluate(request("", None)).await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    let refused = engine
+        .evaluate(request("", Some(Duration::from_secs(2))))
+        .await;
+    let Err(EngineError::Overloaded { retry_after, .. }) = refused else {
+        panic!("{refused:?}");
+    };
+    let retry_after = retry_after.expect("a measured pace says when to come back");
+    assert!(
+        retry_after > Duration::ZERO && retry_after <= Duration::from_secs_f64(4.01),
+        "{retry_after:?}"
+    );
+    let later = engine
+        .evaluate(request("", Some(Duration::from_secs(10))))
+        .await;
+    assert!(later.is_ok(), "{later:?}");
+    for q in queued {
+        q.await.unwrap().unwrap();
+    }
 }

@@ -2,7 +2,7 @@
 //! every call through them, a cascade's calls to the evaluators it wraps included.
 
 use super::current::Current;
-use super::pace::{self, Pace, Ticket, TooSlow};
+use super::pace::{self, Pace, Sharing, Ticket, TooSlow};
 use super::{DEFAULT_THRESHOLD, Description, EngineError, Evaluator, Job, Limit, Request};
 use crate::field::FieldPath;
 use crate::metrics;
@@ -25,6 +25,8 @@ pub(crate) struct SlotSpec {
     pub max_trace_bytes: usize,
     /// Requests handed to the evaluator at once; the rest wait in its queue.
     pub max_concurrency: usize,
+    /// How those requests share the evaluator's time, for its pace.
+    pub sharing: Sharing,
     /// Evaluators load in tiers, lowest first, so one loads after those it wraps: 0 wraps none,
     /// 1 a cascade, 2 a composite (which may wrap a cascade).
     pub tier: u8,
@@ -66,7 +68,7 @@ impl Slot {
             name: spec.name.clone(),
             gate: Arc::new(Semaphore::new(spec.max_concurrency)),
             evaluator: Current::default(),
-            pace: Pace::new(spec.max_concurrency),
+            pace: Pace::new(spec.max_concurrency, spec.sharing),
             spec,
         }
     }
@@ -144,17 +146,26 @@ impl Slot {
     /// The refusal of `bytes` of work that would miss its deadline, counted as a drop.
     fn too_slow(&self, t: TooSlow, bytes: u64) -> EngineError {
         metrics::record_dropped(&self.name, "would_miss_deadline");
-        EngineError::Overloaded(format!(
-            "evaluator {:?} would not finish this before its deadline: {:.2} s of work at its \
-             measured pace ({} bytes of work ahead of this request's {bytes} and {} likely \
-             beside it, at {:.0} bytes/s), {:.2} s left",
-            self.name,
-            t.estimate.as_secs_f64(),
-            t.ahead,
-            t.beside,
-            t.rate,
-            t.left.as_secs_f64()
-        ))
+        EngineError::Overloaded {
+            message: format!(
+                "evaluator {:?} would not finish this before its deadline: {:.2} s of work at \
+                 its measured pace ({} bytes of work ahead of this request's {bytes} and {} \
+                 likely beside it, at {:.0} bytes/s), {:.2} s left",
+                self.name,
+                t.estimate.as_secs_f64(),
+                t.ahead,
+                t.beside,
+                t.rate,
+                t.left.as_secs_f64()
+            ),
+            retry_after: Some(t.retry_after),
+        }
+    }
+
+    /// How long the work pending at this evaluator takes to drain; None before its pace is
+    /// measured.
+    pub(super) fn drain(&self) -> Option<Duration> {
+        self.pace.drain(Instant::now())
     }
 
     /// Through the gate, then the evaluator, within the job's deadline: the path of every
@@ -204,9 +215,10 @@ impl Slot {
                         "evaluator {:?} did not answer in time",
                         self.name
                     ))
-                })??,
-            None => evaluator.evaluate(job).await?,
-        };
+                })?,
+            None => evaluator.evaluate(job).await,
+        }
+        .map_err(|e| self.when_to_return(e))?;
         if let Some(rate) = ticket.done() {
             metrics::set_pace(&self.name, rate);
         }
@@ -220,6 +232,21 @@ impl Slot {
             )));
         }
         Ok((judgement, queue))
+    }
+
+    /// An evaluator's overload (a full model queue) told when to come back, by this slot's
+    /// pace, where the evaluator could not say.
+    fn when_to_return(&self, e: EngineError) -> EngineError {
+        match e {
+            EngineError::Overloaded {
+                message,
+                retry_after: None,
+            } => EngineError::Overloaded {
+                message,
+                retry_after: self.drain(),
+            },
+            e => e,
+        }
     }
 
     pub(super) async fn run(
@@ -270,6 +297,10 @@ impl Evaluator for Gated {
 
     fn why_not_ready(&self) -> Option<String> {
         self.0.evaluator.get()?.why_not_ready()
+    }
+
+    fn generation(&self) -> u64 {
+        self.0.evaluator.generation()
     }
 
     /// The evaluator's own, not its config's: a cascade's threshold key is the cascade's.

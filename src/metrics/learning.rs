@@ -9,6 +9,11 @@ pub(crate) const CASCADE_PATHS: &str = "retrace_cascade_total";
 pub(crate) const RECORDED: &str = "retrace_recorded_total";
 pub(crate) const RELOADS: &str = "retrace_reloads_total";
 pub(crate) const HEAD_INFO: &str = "retrace_head_info";
+pub(crate) const GUARANTEED: &str = "retrace_cascade_guaranteed";
+pub(crate) const CONFIDENCE_THRESHOLD: &str = "retrace_cascade_confidence_threshold";
+pub(crate) const CALIBRATION_ROWS: &str = "retrace_cascade_calibration_rows";
+pub(crate) const DISAGREEMENT_BOUND: &str = "retrace_cascade_disagreement_bound";
+pub(crate) const EXPECTED_COVERAGE: &str = "retrace_cascade_expected_coverage";
 
 /// `retrace_recorded_total`'s outcomes.
 pub(crate) const RECORDED_OUTCOMES: [&str; 3] = ["written", "dropped", "failed"];
@@ -27,6 +32,30 @@ pub(super) fn describe() {
         RELOADS,
         "Evaluator reloads, by evaluator and outcome (swapped; refused: the new model failed to \
          load and the old one serves on)."
+    );
+    describe_gauge!(
+        GUARANTEED,
+        "1 while a cascade with target_agreement keeps the PRM verdicts whose confidence clears \
+         its calibrated threshold; 0 while it escalates every trace (calibrating, too few \
+         calibration rows, or no threshold passed)."
+    );
+    describe_gauge!(
+        CONFIDENCE_THRESHOLD,
+        "The confidence a cascade's PRM verdict needs to be kept, chosen on its calibration rows."
+    );
+    describe_gauge!(
+        CALIBRATION_ROWS,
+        "The calibration rows a cascade's threshold was chosen on."
+    );
+    describe_gauge!(
+        DISAGREEMENT_BOUND,
+        "The upper bound, at the cascade's target_confidence, on how often a kept PRM verdict \
+         disagrees with the judge (at most 1 - target_agreement when guaranteed)."
+    );
+    describe_gauge!(
+        EXPECTED_COVERAGE,
+        "The share of traces a cascade's PRM is expected to decide alone: its calibration rows' \
+         share kept at the threshold."
     );
     describe_gauge!(
         HEAD_INFO,
@@ -70,4 +99,22 @@ pub(crate) fn set_head(evaluator: &str, head_sha256: &str, base_sha256: &str) {
         series(before).set(0.0);
     }
     series(now).set(1.0);
+}
+
+/// What a cascade's calibration chose, as gauges: `threshold` None while every trace escalates.
+pub(crate) fn set_guarantee(
+    cascade: &str,
+    threshold: Option<f64>,
+    rows: usize,
+    bound: f64,
+    coverage: f64,
+) {
+    let name = || cascade.to_string();
+    gauge!(GUARANTEED, "evaluator" => name()).set(if threshold.is_some() { 1.0 } else { 0.0 });
+    if let Some(t) = threshold {
+        gauge!(CONFIDENCE_THRESHOLD, "evaluator" => name()).set(t);
+    }
+    gauge!(CALIBRATION_ROWS, "evaluator" => name()).set(rows as f64);
+    gauge!(DISAGREEMENT_BOUND, "evaluator" => name()).set(bound);
+    gauge!(EXPECTED_COVERAGE, "evaluator" => name()).set(coverage);
 }

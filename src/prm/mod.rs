@@ -72,7 +72,7 @@ impl From<PrmError> for EngineError {
                 EngineError::too_large(FieldPath::root(), Limit::Tokens, e.to_string())
             }
             PrmError::Batch(BatchError::QueueFull(n)) => {
-                EngineError::Overloaded(format!("the model's queue is full ({n} requests)"))
+                EngineError::overloaded(format!("the model's queue is full ({n} requests)"))
             }
             PrmError::Batch(BatchError::Stopped) => {
                 EngineError::Unavailable("the model thread has stopped".into())

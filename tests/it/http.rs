@@ -483,3 +483,170 @@ async fn reward_errors_name_the_sample_the_body_holds() {
     }
     s.stop().await.unwrap();
 }
+
+/// A Reload over gRPC with `token`, and its code.
+async fn grpc_reload(addr: std::net::SocketAddr, token: Option<&str>) -> tonic::Code {
+    let url = format!("http://127.0.0.1:{}", addr.port());
+    let channel = tonic::transport::Channel::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = pb::evaluator_client::EvaluatorClient::new(channel);
+    let mut req = tonic::Request::new(pb::ReloadRequest {
+        evaluator: "a".into(),
+    });
+    if let Some(t) = token {
+        let value = format!("Bearer {t}").parse().unwrap();
+        req.metadata_mut().insert("authorization", value);
+    }
+    c.reload(req)
+        .await
+        .map_or_else(|s| s.code(), |_| tonic::Code::Ok)
+}
+
+#[tokio::test]
+async fn reload_needs_an_admin_token_where_one_is_set_and_an_evaluation_token_is_not_one() {
+    let mut config = config(
+        "auth_tokens_env = \"EVAL_TOKENS\"\nadmin_tokens_env = \"ADMIN_TOKENS\"",
+        &[("a", "")],
+    );
+    config.env = retrace::Env::fixed([("EVAL_TOKENS", "tok"), ("ADMIN_TOKENS", "root")]);
+    let counters = Arc::new(Counters::default());
+    let s = TestServer::start(config, fake_loader(Duration::ZERO, counters, None)).await;
+    s.ready().await;
+    let body = json!({"evaluator": "a"});
+    let bearer = |t: &'static str| {
+        [(
+            "authorization",
+            if t == "root" {
+                "Bearer root"
+            } else {
+                "Bearer tok"
+            },
+        )]
+    };
+    let as_evaluator = post_with(&s, "/v1/reload", &body, &bearer("tok")).await;
+    assert_eq!(
+        error_of(&as_evaluator),
+        (401, "UNAUTHENTICATED".into(), String::new())
+    );
+    let as_admin = post_with(&s, "/v1/reload", &body, &bearer("root")).await;
+    assert_eq!(as_admin.0, 200, "{}", as_admin.1);
+    assert_eq!(
+        grpc_reload(s.addr, Some("tok")).await,
+        tonic::Code::Unauthenticated
+    );
+    assert_eq!(
+        grpc_reload(s.addr, None).await,
+        tonic::Code::Unauthenticated
+    );
+    assert_eq!(grpc_reload(s.addr, Some("root")).await, tonic::Code::Ok);
+    // The admin token passes the evaluation routes' check that comes first.
+    let trace = json!({"trace": {"question": "q", "steps": ["a step"]}});
+    let evaluated = post_with(&s, "/v1/evaluate", &trace, &bearer("root")).await;
+    assert_eq!(evaluated.0, 200, "{}", evaluated.1);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn without_an_admin_token_reload_is_refused_unless_the_listener_is_loopback() {
+    // Listening on every address, as the default 0.0.0.0 does, reached here over loopback.
+    let grpc = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let http = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+    let counters = Arc::new(Counters::default());
+    let listeners = retrace::Listeners {
+        grpc,
+        http: Some(http),
+        metrics: None,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(retrace::serve(
+        config("", &[("a", "")]),
+        fake_loader(Duration::ZERO, counters, None),
+        listeners,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    assert_eq!(
+        grpc_reload(grpc_addr, None).await,
+        tonic::Code::PermissionDenied
+    );
+    let url = format!("http://127.0.0.1:{}/v1/reload", http_addr.port());
+    let r = client()
+        .post(url)
+        .json(&json!({"evaluator": "a"}))
+        .send()
+        .await
+        .unwrap();
+    let reply = (r.status().as_u16(), r.json::<Value>().await.unwrap());
+    assert_eq!(
+        error_of(&reply),
+        (403, "PERMISSION_DENIED".into(), String::new())
+    );
+    assert!(
+        reply.1["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("admin_tokens_env"),
+        "{}",
+        reply.1
+    );
+    // Evaluation is open as before: no evaluation token is set.
+    let url = format!("http://127.0.0.1:{}/v1/evaluators", http_addr.port());
+    assert_eq!(client().get(url).send().await.unwrap().status(), 200);
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn an_overloaded_call_says_when_to_come_back() {
+    let config = config("max_in_flight = 1", &[("a", "")]);
+    let counters = Arc::new(Counters::default());
+    let s = TestServer::start(
+        config,
+        fake_loader(Duration::from_millis(300), counters.clone(), None),
+    )
+    .await;
+    s.ready().await;
+    let trace = json!({"trace": {"question": "q", "steps": ["a step"]}});
+    let url = format!("http://{}/v1/evaluate", s.http_addr);
+    let (held, refused) = tokio::join!(post(&s, "/v1/evaluate", &trace), async {
+        counters.until_started(1).await;
+        client().post(&url).json(&trace).send().await.unwrap()
+    });
+    assert_eq!(held.0, 200, "{}", held.1);
+    assert_eq!(refused.status(), 429);
+    let after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(after >= 1, "{after}");
+    // gRPC says it in the status's trailers, in milliseconds.
+    let (mut first, mut second) = (s.client().await, s.client().await);
+    let (held, refused) = tokio::join!(
+        first.evaluate(request("1", "", steps_trace("q", &["a step"]))),
+        async {
+            counters.until_started(2).await;
+            second
+                .evaluate(request("2", "", steps_trace("q", &["a step"])))
+                .await
+        }
+    );
+    held.unwrap();
+    let status = refused.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    let ms: u64 = status
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .expect("a pushback")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((50..=60_000).contains(&ms), "{ms}");
+    s.stop().await.unwrap();
+}

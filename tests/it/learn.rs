@@ -17,13 +17,31 @@ use tonic::Code;
 const GOOD: &str =
     "Paragraph 0 is right. Paragraph 1 claims a false fact.\n\\boxed{1}\nCategory: Hallucination";
 
-/// A head folder over the tiny base (copied into it), with `threshold`.
-fn head_folder(dir: &Path, threshold: f64) {
+/// A head folder over the tiny base (copied into it), with `threshold`; `retrained` gives its
+/// step weights the other sign, so its scores are not the first head's.
+fn head_folder(dir: &Path, threshold: f64, retrained: bool) {
     let base = dir.join("base");
     copy_base(&base);
     let sum = retrace_model::checkpoint_sha256(&base).unwrap();
-    write_weights(dir, &weights(64));
+    let mut w = weights(64);
+    if retrained {
+        let step = w.iter_mut().find(|t| t.0 == "step.weight").unwrap();
+        step.2.iter_mut().for_each(|v| *v = -*v);
+    }
+    write_weights(dir, &w);
     write_config(dir, "base", &sum, threshold);
+}
+
+/// Each load call's deadline: a request never answered fails the test instead of hanging it.
+const CALL_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The step scores `evaluator` gives the probe trace.
+async fn scores(s: &TestServer, evaluator: &str) -> Vec<f32> {
+    let mut c = s.client().await;
+    let mut req = tonic::Request::new(request("probe", evaluator, trace(7)));
+    req.set_timeout(CALL_DEADLINE);
+    let got = c.evaluate(req).await.unwrap().into_inner();
+    got.steps.iter().map(|s| s.score).collect()
 }
 
 /// `dir` replaced by `new` in two renames, as `train-head --force` swaps its output.
@@ -61,8 +79,11 @@ async fn threshold(s: &TestServer, name: &str) -> f32 {
 async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_request() {
     let dir = temp("learn");
     let head = dir.join("head");
-    head_folder(&head, 0.25);
+    head_folder(&head, 0.25, false);
     let first = retrace_model::checkpoint_sha256(&head).unwrap();
+    // The retrained head, served beside from the start: what the swapped head must then give.
+    let retrained = dir.join("retrained");
+    head_folder(&retrained, 0.75, true);
     let base_sum = retrace_model::checkpoint_sha256(&head.join("base")).unwrap();
     let up = Upstream::start(reply(GOOD)).await;
     let record = dir.join("rows").join("verdicts.jsonl");
@@ -70,15 +91,19 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
         "[[evaluator]]\nname = \"learner\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n\n\
          [[evaluator]]\nname = \"j\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\n\
          output = \"text\"\n\n[[evaluator]]\nname = \"c\"\nkind = \"cascade\"\nprm = \"learner\"\n\
-         judge = \"j\"\nescalate_margin = 1.0\nrecord = {:?}\n",
+         judge = \"j\"\nescalate_margin = 1.0\nrecord = {:?}\n\n[[evaluator]]\n\
+         name = \"retrained\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n",
         head.display().to_string(),
         up.base_url(),
         record.display().to_string(),
+        retrained.display().to_string(),
     );
     let config = Config::parse(&text, "test config", &[]).unwrap();
     let s = TestServer::start(config, retrace::default_loader()).await;
     s.ready().await;
     assert_eq!(threshold(&s, "c").await, 0.25);
+    let (old_scores, new_scores) = (scores(&s, "learner").await, scores(&s, "retrained").await);
+    assert_ne!(old_scores, new_scores, "the two heads must score apart");
 
     // The load: two callers on the cascade, one on the head, until told to stop.
     let stop = Arc::new(AtomicBool::new(false));
@@ -92,9 +117,9 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
         callers.push(tokio::spawn(async move {
             let mut i = k * 1000;
             while !stop.load(Ordering::Relaxed) {
-                let r = client
-                    .evaluate(request(&i.to_string(), evaluator, trace(i)))
-                    .await;
+                let mut req = tonic::Request::new(request(&i.to_string(), evaluator, trace(i)));
+                req.set_timeout(CALL_DEADLINE);
+                let r = client.evaluate(req).await;
                 sent.fetch_add(1, Ordering::SeqCst);
                 match r {
                     Ok(_) if evaluator == "c" => _ = judged.fetch_add(1, Ordering::SeqCst),
@@ -122,7 +147,7 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
 
     // A retrained head, put in place and reloaded while the load runs.
     let new = dir.join("head.new");
-    head_folder(&new, 0.75);
+    head_folder(&new, 0.75, true);
     let second = retrace_model::checkpoint_sha256(&new).unwrap();
     replace(&head, &new);
     let mut admin = s.client().await;
@@ -137,6 +162,9 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
         0.75,
         "the cascade follows its head's swap"
     );
+    // The weights were swapped, not the threshold alone: the head now scores as the retrained
+    // one does.
+    assert_eq!(scores(&s, "learner").await, new_scores);
     let after = sent.load(Ordering::SeqCst);
     tokio::time::timeout(Duration::from_secs(60), until_sent(after + 10))
         .await
@@ -144,7 +172,7 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
 
     // A broken head (its base's checksum is not the base's) is refused; the last one serves on.
     let bad = dir.join("head.bad");
-    head_folder(&bad, 0.5);
+    head_folder(&bad, 0.5, false);
     write_config(&bad, "base", &"0".repeat(64), 0.5);
     replace(&head, &bad);
     let refused = admin.reload(reload()).await.unwrap_err();
@@ -329,5 +357,85 @@ async fn distill_retrains_the_head_from_recorded_rows_and_swaps_it_in() {
             .contains("swapped")
     );
     s.stop().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_every_head_under_load_and_counts_the_swap() {
+    let dir = temp("sighup");
+    let head = dir.join("head");
+    head_folder(&head, 0.25, false);
+    let retrained = dir.join("retrained");
+    head_folder(&retrained, 0.75, true);
+    let toml = dir.join("retrace.toml");
+    let text = format!(
+        "[[evaluator]]\nname = \"hup\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n\n\
+         [[evaluator]]\nname = \"hup-retrained\"\nkind = \"prm\"\nfamily = \"head\"\n\
+         model = {:?}\n",
+        head.display().to_string(),
+        retrained.display().to_string(),
+    );
+    std::fs::write(&toml, text).unwrap();
+    let (server, channel, metrics) =
+        crate::common::spawn_retrace(&["--config".as_ref(), toml.as_os_str()], &[]).await;
+    let client = pb::evaluator_client::EvaluatorClient::new(channel);
+    let score = |evaluator: &'static str| {
+        let mut c = client.clone();
+        async move {
+            let mut req = tonic::Request::new(request("probe", evaluator, trace(7)));
+            req.set_timeout(CALL_DEADLINE);
+            let got = c.evaluate(req).await.map(|r| r.into_inner());
+            got.map(|r| r.steps.iter().map(|s| s.score).collect::<Vec<f32>>())
+        }
+    };
+    let want = score("hup-retrained").await.unwrap();
+    assert_ne!(score("hup").await.unwrap(), want);
+
+    // A caller keeps the head busy through the swap; none of its calls may fail.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (stop, mut c) = (stop.clone(), client.clone());
+        tokio::spawn(async move {
+            let (mut sent, mut failed) = (0, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                let mut req = tonic::Request::new(request(&sent.to_string(), "hup", trace(sent)));
+                req.set_timeout(CALL_DEADLINE);
+                if let Err(e) = c.evaluate(req).await {
+                    failed.push(e);
+                }
+                sent += 1;
+            }
+            (sent, failed)
+        })
+    };
+    let new = dir.join("head.new");
+    head_folder(&new, 0.75, true);
+    replace(&head, &new);
+    let pid = nix::unistd::Pid::from_raw(server.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    // Every head is reloaded, the one with nothing new on disk too; each swap is counted.
+    let swaps = || async {
+        let metrics = crate::common::scrape(metrics).await;
+        ["hup", "hup-retrained"].map(|e| {
+            let labels = [("evaluator", e), ("outcome", "swapped")];
+            crate::common::sample(&metrics, "retrace_reloads_total", &labels)
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while swaps().await != [Some(1.0), Some(1.0)] {
+        assert!(std::time::Instant::now() < deadline, "{:?}", swaps().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(score("hup").await.unwrap(), want, "the new weights serve");
+    stop.store(true, Ordering::Relaxed);
+    let (sent, failed) = load.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    assert!(sent > 0);
+    drop(server);
     std::fs::remove_dir_all(&dir).unwrap();
 }

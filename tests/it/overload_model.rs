@@ -3,7 +3,9 @@
 //! could not finish in time, by the work queued ahead (trace bytes) and the evaluator's measured
 //! pace, so goodput stays near capacity, admitted requests finish in time, and refusals and
 //! health answers stay fast while the model saturates the cores. Once with traces of one kind,
-//! once with traces mixed 10:1 in length, which a count of requests in flight cannot tell apart.
+//! once with traces mixed 10:1 in length, which a count of requests in flight cannot tell apart;
+//! first one request at a time (`max_concurrency = 1`), then batching (`BATCHING`), where a
+//! request shares its batch with those that follow it and admission must count them too.
 //!
 //! In its own test binary so that nothing else runs beside it: its figures are the machine's.
 //! `RETRACE_SOAK_S` sets the seconds of overload (default 60, as the targets are set for);
@@ -246,21 +248,46 @@ fn check(run: &Run) {
     assert!(health_p99 <= 100.0, "health Check p99 {health_p99:.1} ms");
 }
 
+/// A batching concurrency: enough that the model thread gathers several requests a batch.
+const BATCHING: usize = 16;
+
+/// One test, run in turn at each concurrency: two at once would share the cores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saturated_model_refuses_at_once_what_would_miss_its_deadline() {
+    let load_s: f64 = std::env::var("RETRACE_SOAK_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60.0);
+    let samples = Arc::new(traces());
+    saturate(
+        1,
+        &[
+            ("gsm8k traces", uniform(samples.clone())),
+            ("mixed 10:1 in length", mixed(samples.clone())),
+        ],
+        load_s,
+    )
+    .await;
+    saturate(
+        BATCHING,
+        &[("mixed 10:1 in length", mixed(samples.clone()))],
+        load_s,
+    )
+    .await;
+}
+
+/// A server of SmolLM2 at `max_concurrency`, overloaded with each workload in turn; checks each
+/// run, and that every refusal was the deadline's.
+async fn saturate(max_concurrency: usize, workloads: &[(&str, Workload)], load_s: f64) {
     let model = retrace::Env::process().cache_dir().join("smollm2");
     assert!(
         model.join("model.safetensors").is_file(),
         "{} is missing: run scripts/fetch-smollm2.sh --f32",
         model.display()
     );
-    let load_s: f64 = std::env::var("RETRACE_SOAK_S")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60.0);
     let sets = [
         format!("evaluator.smollm2.model={}", model.display()),
-        "evaluator.smollm2.max_concurrency=1".to_string(),
+        format!("evaluator.smollm2.max_concurrency={max_concurrency}"),
     ];
     let max_in_flight = MAX_IN_FLIGHT.to_string();
     let mut args: Vec<&std::ffi::OsStr> = vec!["--max-in-flight".as_ref(), max_in_flight.as_ref()];
@@ -276,14 +303,11 @@ async fn a_saturated_model_refuses_at_once_what_would_miss_its_deadline() {
         .connect()
         .await
         .unwrap();
-    let samples = Arc::new(traces());
     let mut runs = Vec::new();
-    for (name, make) in [
-        ("gsm8k traces", uniform(samples.clone())),
-        ("mixed 10:1 in length", mixed(samples.clone())),
-    ] {
-        let run = overload(&channel, health.clone(), &make, load_s).await;
-        eprintln!("{}", run.table(name, load_s));
+    for (name, make) in workloads {
+        let run = overload(&channel, health.clone(), make, load_s).await;
+        let name = format!("{name}, max_concurrency {max_concurrency}");
+        eprintln!("{}", run.table(&name, load_s));
         runs.push(run);
     }
     for run in &runs {

@@ -46,21 +46,29 @@ async fn slime_reads_the_reward_as_a_number_or_under_its_reward_key() {
     )
     .await;
 
+    // The same reward, but for the last float bits: a second pass over the same prompt reads
+    // the first one's prefix-cached keys and values, whose sums round in another order.
+    let same = |a: f32, b: f32| (a - b).abs() < 1e-5;
     let plain = slime_remote_rm(&url, json!(prompt), RESPONSE, "14").await;
     assert!(plain.is_number(), "{plain}");
-    assert_eq!(reward_of(&plain, None), f(&want["rewards"]));
+    assert!(
+        same(reward_of(&plain, None), f(&want["rewards"])),
+        "{plain} {want}"
+    );
 
     let keyed_url = format!("{url}?reward_key=score");
     let keyed = slime_remote_rm(&keyed_url, json!(prompt), RESPONSE, "14").await;
-    assert_eq!(reward_of(&keyed, Some("score")), f(&want["rewards"]));
+    assert!(
+        same(reward_of(&keyed, Some("score")), f(&want["rewards"])),
+        "{keyed} {want}"
+    );
     let logs = &want["extra_logs"];
-    for k in [
-        "trace_score",
-        "first_error_index",
-        "step_count",
-        "category",
-        "timed_out",
-    ] {
+    assert!(
+        same(f(&keyed["trace_score"]), f(&logs["trace_score"])),
+        "{keyed}"
+    );
+    // The verdict itself is exact: the same first error, steps, category and status.
+    for k in ["first_error_index", "step_count", "category", "timed_out"] {
         assert_eq!(keyed[k], logs[k], "{k}: {keyed}");
     }
 
@@ -68,7 +76,10 @@ async fn slime_reads_the_reward_as_a_number_or_under_its_reward_key() {
     let messages = json!([{"role": "system", "content": "Please reason step by step."},
                           {"role": "user", "content": QUESTION}]);
     let from_messages = slime_remote_rm(&url, messages, RESPONSE, "14").await;
-    assert_eq!(from_messages, plain);
+    assert!(
+        same(f(&from_messages), f(&plain)),
+        "{from_messages} {plain}"
+    );
     // The reward rule per request, as on /get_reward.
     let correct =
         slime_remote_rm(&format!("{url}?rule=correct"), json!(prompt), RESPONSE, "").await;
@@ -472,6 +483,11 @@ async fn samples_answered_in_time_keep_their_rewards() {
     assert_eq!(got["rewards"][late], json!(-1.0));
     assert_eq!(got["rewards"][1 - late], json!(0.5));
     assert_eq!(got["extra_logs"]["first_error_index"][1 - late], json!(1));
+    // The late sample has no verdict, and says so: no first error (-1 would read "every
+    // step holds", 0 "the first is wrong") and no trace score (-1 is no probability).
+    assert_eq!(got["extra_logs"]["first_error_index"][late], json!(-2));
+    assert_eq!(got["extra_logs"]["trace_score"][late], json!(-1.0));
+    assert_eq!(got["extra_logs"]["step_count"][late], json!(0));
     s.stop().await.unwrap();
 }
 

@@ -3,9 +3,11 @@ retry policy.
 
 A call starts at the next address in round-robin order, and each retry moves one address on,
 so a dead replica costs one fast UNAVAILABLE, not the call. Only UNAVAILABLE and
-RESOURCE_EXHAUSTED are retried (with full-jitter exponential backoff); everything else,
-INVALID_ARGUMENT above all, fails at once. The call's timeout is one deadline over all its
-attempts, so retries never stretch a call past what the caller allowed.
+RESOURCE_EXHAUSTED are retried; everything else, INVALID_ARGUMENT above all, fails at once. A
+retry waits the server's pushback when the failure carried one (`grpc-retry-pushback-ms`, the
+server's estimate of when the work ahead drains), else a full-jitter exponential backoff. The
+call's timeout is one deadline over all its attempts, so retries never stretch a call past what
+the caller allowed: a wait that would end past it means no retry.
 """
 
 from __future__ import annotations
@@ -204,13 +206,20 @@ class Attempts:
     def remaining(self) -> float | None:
         return self._deadline.remaining()
 
-    def retry_delay(self, error=None) -> float | None:
-        """The backoff before the next attempt, which goes one address on; None when `error` (a
-        RetraceError) is not retryable, or the retries or the deadline are spent."""
+    def retry_delay(self, error=None, *, retry_after: float | None = None) -> float | None:
+        """The wait before the next attempt, which goes one address on: the server's pushback
+        (`retry_after` seconds, by default `error.retry_after`) when it gave one, else the
+        jittered backoff. None when `error` (a RetraceError) is not retryable, the retries are
+        spent, or the wait would not end before the deadline."""
         if error is not None and not error.retryable:
             return None
-        delay = self._settings.backoff(self._n)
-        if self._n >= self._settings.retries or not self._deadline.allows_sleep(delay):
+        if retry_after is None and error is not None:
+            retry_after = error.retry_after
+        if self._n >= self._settings.retries:
+            return None
+        # The server knows its queue; the jitter only guesses at it, so a pushback replaces it.
+        delay = self._settings.backoff(self._n) if retry_after is None else float(retry_after)
+        if not self._deadline.allows_sleep(delay):
             return None
         self._n += 1
         return delay

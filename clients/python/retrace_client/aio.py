@@ -84,7 +84,10 @@ class AsyncClient(Core):
         tries = self._attempts(timeout)
         while batch.start_round(tries):
             err = await self._stream_round(tries.address, batch, tries.remaining(), max_in_flight)
-            delay = tries.retry_delay() if batch.end_round(err) else None
+            # A failed stream may carry the server's pushback; an item's own error (a message
+            # field, not a call's status) never does.
+            retry_after = err.retry_after if err is not None else None
+            delay = tries.retry_delay(retry_after=retry_after) if batch.end_round(err) else None
             if delay is None:
                 break
             await asyncio.sleep(delay)

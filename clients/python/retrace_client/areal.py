@@ -14,13 +14,18 @@ steps. The text is the turn's output tokens as the tokenizer decodes them when i
 else the content of the turn's assistant messages. Dense mode (the default) puts each step's
 score on the token that holds the step's last character and 0.0 on every other token: the
 server's step spans are byte offsets into the text, turned into characters here, then into token
-positions through the tokenizer's offset mapping. `scalar=True` returns the trace's reward under
-`reward` ("trace_score" by default) instead.
+positions. Those positions must be the policy's own tokens, and encoding the decoded text again
+need not give them back (a policy may sample a split of "12" into "1", "2" that the tokenizer
+would never produce), so when the turn's output token ids are known, each token's span is read
+by decoding the ids incrementally (decoded_spans). Only where that fails is the text encoded
+again, and its offset mapping is used only if the encoding gives back exactly the turn's ids.
+`scalar=True` returns the trace's reward under `reward` ("trace_score" by default) instead.
 
 A turn with no verdict (the server refused it, ran out of time or could not be reached; a prompt
-with no user message; a step that lands on no token of the turn) gives None, so AReaL rejects the
-trajectory instead of training on a stand-in 0.0. An empty completion gets `empty_reward` (0.0,
-None to reject it), as in trl.py and /get_reward.
+with no user message; a step that lands on no token of the turn; token ids the tokenizer can
+place neither by decoding nor by encoding the text again) gives None, so AReaL rejects the
+trajectory instead of training on a stand-in 0.0 or on scores shifted onto other tokens. An
+empty completion gets `empty_reward` (0.0, None to reject it), as in trl.py and /get_reward.
 """
 
 from __future__ import annotations
@@ -40,16 +45,61 @@ from .rewards import check_rule, reward as apply_rule
 log = logging.getLogger("retrace_client.areal")
 
 
-def token_offsets(tokenizer: Any, text: str) -> list[tuple[int, int]]:
-    """Each token's (start, end) character span in `text`. A plain function is called as
-    `tokenizer(text)` and returns the spans; a tokenizer object (a Hugging Face one) is called as
-    `tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)` and its
-    "offset_mapping" read."""
+# Tokens decoded ahead of the new ones, so that a token decodes as it does inside the text: a
+# SentencePiece decoder drops the space of a text's first "▁word", and a byte-level one shows
+# the tail of a character split over tokens as U+FFFD without the bytes before it.
+_DECODE_CONTEXT = 4
+# Tokens that may add no text of their own before decoding gives up: a character's UTF-8 bytes,
+# at most 4, each its own token, with room for a decoder that joins a few more.
+_DECODE_PENDING_MAX = 16
+
+
+def _encode(tokenizer: Any, text: str) -> tuple[list[int] | None, list[tuple[int, int]]]:
+    """`text`'s token ids (None from a plain function, which gives spans only) and their spans."""
     if inspect.isroutine(tokenizer) or isinstance(tokenizer, functools.partial):
-        spans = tokenizer(text)
+        ids, spans = None, tokenizer(text)
     else:
-        spans = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
-    return [(int(start), int(end)) for start, end in spans]
+        encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+        ids, spans = [int(i) for i in encoded["input_ids"]], encoded["offset_mapping"]
+    return ids, [(int(start), int(end)) for start, end in spans]
+
+
+def token_offsets(tokenizer: Any, text: str) -> list[tuple[int, int]]:
+    """Each token's (start, end) character span in `text`, as the tokenizer encodes it. A plain
+    function is called as `tokenizer(text)` and returns the spans; a tokenizer object (a Hugging
+    Face one) is called as `tokenizer(text, return_offsets_mapping=True,
+    add_special_tokens=False)` and its "offset_mapping" read."""
+    return _encode(tokenizer, text)[1]
+
+
+def decoded_spans(decode: Any, ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]] | None:
+    """`decode(ids)` and each token's (start, end) character span in it, read by decoding the ids
+    incrementally: a token's span is the text it adds to the few tokens before it. Tokens that add
+    no text until a later one completes it (the bytes of one character) all get that text's span,
+    as a Hugging Face offset mapping gives them. None when the pieces do not add up to
+    `decode(ids)` (a decoder whose output is not a sum of its tokens' parts), or when too many
+    tokens in a row add no text."""
+    ids = list(ids)
+    # text: the pieces so far; done: the tokens they cover; before: what decoding ids[start:done] gives.
+    text, spans, done, start, before = "", [], 0, 0, ""
+    for i in range(len(ids)):
+        after = decode(ids[start : i + 1])
+        complete = after.startswith(before) and not after.endswith("\ufffd")
+        if not complete and i + 1 < len(ids):
+            if i + 1 - done > _DECODE_PENDING_MAX:
+                return None
+            continue
+        if not after.startswith(before):
+            return None
+        piece = after[len(before) :]
+        spans.extend([(len(text), len(text) + len(piece))] * (i + 1 - done))
+        text += piece
+        done = i + 1
+        start = max(0, done - _DECODE_CONTEXT)
+        before = decode(ids[start:done])
+    if text != decode(ids):
+        return None
+    return text, spans
 
 
 def _char_of_byte(text: str) -> list[int]:
@@ -98,8 +148,11 @@ class RetraceScorer:
     """Scores AReaL turns with retrace; safe to share between concurrent sessions and loops.
 
     address: the server (or a list, balanced). tokenizer: what maps the turn's text to token
-        positions (see token_offsets), needed in dense mode; with a `decode` method it also
-        turns the output tokens into the text.
+        positions, needed in dense mode. With a `decode` method it turns the output tokens into
+        the text and gives each token's span (decoded_spans); otherwise, or where decoding does
+        not add up, the text is encoded again (token_offsets), and a Hugging Face-like
+        tokenizer's ids must then match the turn's. A plain function gives spans only, which
+        are taken as they are.
     scalar: True returns one reward per turn (AReaL broadcasts it) instead of dense rewards.
     reward: the scalar's rule ("trace_score", "correct", "prefix"; see retrace_client.rewards).
     empty_reward: the reward of an empty completion (None rejects the trajectory).
@@ -141,7 +194,8 @@ class RetraceScorer:
             return None
         response = getattr(interaction, "model_response", None)
         prompt = getattr(interaction, "messages", None) or getattr(interaction, "input_data", "")
-        return await self.score(prompt, text, getattr(response, "output_len", None))
+        tokens = getattr(response, "output_tokens", None)
+        return await self.score(prompt, text, getattr(response, "output_len", None), output_tokens=tokens)
 
     def turn_text(self, interaction: Any) -> str | None:
         """The turn's output tokens decoded (given a tokenizer with `decode`), else its assistant content."""
@@ -154,9 +208,18 @@ class RetraceScorer:
         except ValueError:
             return None
 
-    async def score(self, prompt: Any, completion: str, output_len: int | None = None) -> float | list[float] | None:
+    async def score(
+        self,
+        prompt: Any,
+        completion: str,
+        output_len: int | None = None,
+        *,
+        output_tokens: Sequence[int] | None = None,
+    ) -> float | list[float] | None:
         """The reward of `completion` (a turn's text) to `prompt` (a string or chat messages):
-        dense, `output_len` floats (default: as many as the tokenizer gives), or a scalar."""
+        dense, `output_len` floats (default: one per output token, else as many as the tokenizer
+        gives), or a scalar. `output_tokens`, the turn's token ids when known, are the tokens
+        the dense scores are placed on (see the class's `tokenizer`)."""
         try:
             question = _chat.question_of(prompt)
         except ValueError as e:
@@ -170,7 +233,7 @@ class RetraceScorer:
             return None
         if self.scalar:
             return apply_rule(verdict, self.reward)
-        return self._dense(verdict, completion, text, output_len)
+        return self._dense(verdict, completion, text, output_len, output_tokens)
 
     async def _verdict(self, question: str, text: str) -> Verdict | None:
         client = self._clients.get()
@@ -180,11 +243,18 @@ class RetraceScorer:
             log.warning("retrace scorer: the turn got no verdict; it gets None (its trajectory is rejected): %s", e)
             return None
 
-    def _dense(self, verdict: Verdict, completion: str, text: str, output_len: int | None) -> list[float] | None:
+    def _dense(
+        self, verdict: Verdict, completion: str, text: str, output_len: int | None, output_tokens: Sequence[int] | None
+    ) -> list[float] | None:
         if not verdict.steps:
             raise ValueError(f"evaluator {verdict.evaluator!r} gives no step scores; use scalar=True")
-        spans = token_offsets(self.tokenizer, completion)
-        length = len(spans) if output_len is None else output_len
+        spans = self._spans(completion, output_tokens)
+        if spans is None:
+            return None
+        if output_len is not None:
+            length = output_len
+        else:
+            length = len(spans) if output_tokens is None else len(output_tokens)
         out = step_rewards(verdict, text, spans, length) if len(spans) <= length else None
         if out is None:
             log.warning(
@@ -194,6 +264,38 @@ class RetraceScorer:
                 length,
             )
         return out
+
+    def _spans(self, completion: str, output_tokens: Sequence[int] | None) -> list[tuple[int, int]] | None:
+        """The character spans in `completion` of the tokens the dense scores go on: the turn's
+        own tokens where known, or the tokenizer's encoding of the text where that is all there
+        is. None (logged) when the turn's tokens can't be placed.
+
+        A mismatch gives None rather than raising, as every other turn that can't be scored
+        does: the tokenizer is fine for the other turns, and AReaL rejects this one's
+        trajectory either way; a ValueError stays for what no turn could get past."""
+        if output_tokens is None:
+            return token_offsets(self.tokenizer, completion)
+        ids = [int(i) for i in output_tokens]
+        decode = getattr(self.tokenizer, "decode", None)
+        if decode is not None:
+            decoded = decoded_spans(decode, ids)
+            if decoded is not None and decoded[0] == completion:
+                return decoded[1]
+        encoded, spans = _encode(self.tokenizer, completion)
+        if encoded is not None and encoded != ids[: len(encoded)]:
+            # Tokens past the encoding (an end-of-turn id that decodes to nothing) get 0.0, as
+            # ever; a difference inside it would put scores on the wrong tokens.
+            at = next((k for k, (a, b) in enumerate(zip(encoded, ids)) if a != b), min(len(encoded), len(ids)))
+            log.warning(
+                "retrace scorer: encoding the turn's text again gives other tokens than the turn's "
+                "own (%d tokens against %d, first different at token %d), so its steps can't be "
+                "placed; it gets None (its trajectory is rejected)",
+                len(encoded),
+                len(ids),
+                at,
+            )
+            return None
+        return spans
 
     async def aclose(self) -> None:
         """Closes the running loop's client (AReaL's scorer cleanup hook)."""

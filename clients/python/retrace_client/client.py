@@ -30,7 +30,11 @@ class Client(Core):
     token: bearer token sent as `authorization: Bearer ...` (default $RETRACE_TOKEN).
     tls / root_certificates: TLS, optionally with a PEM file (path or bytes) of trusted roots.
     timeout: default deadline of a call in seconds, over all its attempts (None: no deadline).
-    retries: retries after UNAVAILABLE or RESOURCE_EXHAUSTED (never after other codes).
+    retries: retries after UNAVAILABLE or RESOURCE_EXHAUSTED (never after other codes). A retry
+        waits the server's pushback when the failure carries one (trailing metadata
+        `grpc-retry-pushback-ms`, kept as the error's `retry_after`), else a full-jitter backoff
+        of up to backoff_initial * 2**n seconds (at most backoff_max); a wait that would end past
+        the deadline means no retry, and the error is raised.
     evaluator: evaluator used when a call names none ("" = the server's default).
     """
 
@@ -100,7 +104,10 @@ class Client(Core):
         tries = self._attempts(timeout)
         while batch.start_round(tries):
             err = self._stream_round(tries.address, batch, tries.remaining(), max_in_flight)
-            delay = tries.retry_delay() if batch.end_round(err) else None
+            # A failed stream may carry the server's pushback; an item's own error (a message
+            # field, not a call's status) never does.
+            retry_after = err.retry_after if err is not None else None
+            delay = tries.retry_delay(retry_after=retry_after) if batch.end_round(err) else None
             if delay is None:
                 break
             time.sleep(delay)

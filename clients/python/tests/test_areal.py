@@ -17,12 +17,14 @@ import pytest
 
 from fake_judge import SLOW_S
 from helpers import QUESTION, SAME_SCORE
-from retrace_client import Client
-from retrace_client.areal import RetraceScorer
+from retrace_client import Client, StepVerdict, Verdict
+from retrace_client.areal import RetraceScorer, decoded_spans
 from retrace_client.testing import free_port
 
 # Non-ASCII on purpose: the server's step spans are bytes, token spans characters.
 TEXT = "3×4 = 12.\n\n2+12 = 14.\n\nThé answer is 14."
+# An address nothing listens on, for scorers that never call the server.
+DEAD = "127.0.0.1:1"
 _TOKEN = re.compile(r"<\|im_end\|>|\s+|\w+|[^\w\s]")
 
 
@@ -167,3 +169,135 @@ def test_options_are_checked_up_front():
         RetraceScorer("127.0.0.1:1")
     with pytest.raises(ValueError, match="unknown reward rule"):
         RetraceScorer("127.0.0.1:1", scalar=True, reward="min")
+
+
+# -- the policy's own tokens ----------------------------------------------------------------------
+# A policy samples token ids, and encoding their decoded text again need not give them back: here
+# it wrote "12" as "1", "2", which the tokenizer encodes as one token. Scores placed through the
+# encoding would land one token early on every later step. These tests need no server: the
+# verdict is made up, with the byte spans the server gives.
+
+
+def blank_line_verdict(text: str, scores: list[float]) -> Verdict:
+    """A verdict on `text` with one step per blank-line-separated part, spans in UTF-8 bytes."""
+    steps, at = [], 0
+    for part, score in zip(text.split("\n\n"), scores):
+        start = text.index(part, at)
+        at = start + len(part)
+        steps.append(StepVerdict(part, score, len(text[:start].encode()), len(text[:at].encode())))
+    return Verdict(id="", evaluator="made-up", first_error_index=-1, category="none", steps=steps,
+                   trace_score=min(scores), rationale="", threshold=0.5, path="prm")
+
+
+SCORES = [0.9, 0.6, 0.3]
+
+
+def with_verdict(scorer: RetraceScorer, verdict: Verdict) -> RetraceScorer:
+    """`scorer` answering every turn with `verdict` instead of asking a server."""
+
+    async def made_up(question, text):
+        return verdict
+
+    scorer._verdict = made_up
+    return scorer
+
+
+def policy_pieces(text: str) -> list[str]:
+    """`text`'s word pieces as a policy sampled them: the first "12" split into "1", "2"."""
+    pieces = [m.group() for m in _TOKEN.finditer(text)]
+    i = pieces.index("12")
+    return pieces[:i] + ["1", "2"] + pieces[i + 1 :]
+
+
+def ends_in(pieces: list[str], text: str, verdict: Verdict) -> list[int]:
+    """The index of the piece holding each step's last character."""
+    bounds, at = [], 0
+    for p in pieces:
+        bounds.append((at, at + len(p)))
+        at += len(p)
+    return [next(t for t, (s, e) in enumerate(bounds) if s <= len(text.encode()[: st.end].decode()) - 1 < e)
+            for st in verdict.steps]
+
+
+async def test_dense_scores_sit_on_the_policys_own_tokens():
+    tokenizer = FakeTokenizer()
+    pieces = policy_pieces(TEXT) + ["<|im_end|>"]
+    ids = [tokenizer._id(p) for p in pieces]
+    assert tokenizer(TEXT + "<|im_end|>")["input_ids"] != ids, "the encoding must differ for this test to mean anything"
+    verdict = blank_line_verdict(TEXT, SCORES)
+    turn = SimpleNamespace(messages=[{"role": "user", "content": QUESTION}], output_message_list=[],
+                           model_response=SimpleNamespace(output_tokens=ids, output_len=len(ids)))
+    got = await with_verdict(RetraceScorer(DEAD, tokenizer=tokenizer), verdict).evaluate(turn)
+    ends = ends_in(pieces, TEXT, verdict)
+    assert ends != step_end_tokens(TEXT, verdict), "where the encoding would have put them"
+    assert got == [SCORES[ends.index(t)] if t in ends else 0.0 for t in range(len(ids))]
+
+
+class EncodeOnly:
+    """A Hugging Face-like tokenizer without decode: the turn's text is its assistant content."""
+
+    def __init__(self):
+        self._inner = FakeTokenizer()
+
+    def __call__(self, *args, **kwargs):
+        return self._inner(*args, **kwargs)
+
+
+async def test_an_encoding_that_differs_from_the_policys_tokens_is_refused(caplog):
+    tokenizer = EncodeOnly()
+    verdict = blank_line_verdict(TEXT, SCORES)
+    scorer = with_verdict(RetraceScorer(DEAD, tokenizer=tokenizer), verdict)
+
+    def turn(ids):
+        return SimpleNamespace(messages=[{"role": "user", "content": QUESTION}],
+                               output_message_list=[{"role": "assistant", "content": TEXT}],
+                               model_response=SimpleNamespace(output_tokens=ids, output_len=len(ids)))
+
+    split = [tokenizer._inner._id(p) for p in policy_pieces(TEXT) + ["<|im_end|>"]]
+    with caplog.at_level("WARNING", logger="retrace_client.areal"):
+        assert await scorer.evaluate(turn(split)) is None
+    assert "other tokens than the turn's own" in caplog.text and "gets None" in caplog.text
+    # Where the encoding gives back the turn's ids (the end-of-turn id past the text aside), it places the steps.
+    same = tokenizer(TEXT + "<|im_end|>")["input_ids"]
+    got = await scorer.evaluate(turn(same))
+    assert_dense(got, len(same), TEXT, verdict)
+    assert got[-1] == 0.0
+
+
+def test_decoded_spans_follow_the_decoder():
+    # Byte-level: "×" and "é" are two tokens each; both hold the whole character, and nothing
+    # of the U+FFFD a lone byte decodes to is left in the text.
+    text = "3×4 = 12. Thé"
+    byte_ids = list(text.encode())
+    got, spans = decoded_spans(lambda ids: bytes(ids).decode("utf-8", errors="replace"), byte_ids)
+    assert got == text
+    assert spans[1] == spans[2] == (1, 2) and spans[3] == (2, 3)
+    assert spans[-2] == spans[-1] == (12, 13)
+    assert [text[s:e] for s, e in spans] == [ch for ch in text for _ in ch.encode()]
+
+    # SentencePiece-like: a text's first "▁" is no space, later ones are.
+    pieces = ["▁The", "▁answer", "▁is", "▁1", "4", "."]
+
+    def sp_decode(ids):
+        return "".join(pieces[i] for i in ids).replace("▁", " ").removeprefix(" ")
+
+    got, spans = decoded_spans(sp_decode, range(len(pieces)))
+    assert got == "The answer is 14."
+    assert [got[s:e] for s, e in spans] == ["The", " answer", " is", " 1", "4", "."]
+
+    # A decoder whose output is no sum of its tokens' parts gives no spans.
+    assert decoded_spans(lambda ids: "".join(pieces[i] for i in ids)[::-1], range(len(pieces))) is None
+    assert decoded_spans(sp_decode, []) == ("", [])
+
+
+def test_decoded_spans_of_a_real_byte_level_tokenizer():
+    tokenizers = pytest.importorskip("tokenizers", reason="the `tokenizers` package is not installed")
+    from conftest import TINY
+
+    tok = tokenizers.Tokenizer.from_file(str(TINY / "tokenizer.json"))
+    text = TEXT + " 日本語 🙂"
+    encoding = tok.encode(text, add_special_tokens=False)
+    assert len(encoding.ids) > len(text.encode()) / 4
+    got, spans = decoded_spans(tok.decode, encoding.ids)
+    assert got == text
+    assert spans == [tuple(o) for o in encoding.offsets]

@@ -23,9 +23,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serves the gRPC API, and HTTP/JSON beside it (OpenRLHF's /get_reward, /v1/evaluate,
-    /// /v1/rank). With no --config, serves the embedded default: SmolLM2-135M-Instruct
-    /// as a zero-shot `chat-lm` PRM named `smollm2`, from the cache folder (fetch it with
-    /// scripts/fetch-smollm2.sh).
+    /// /v1/rank). With no --config, serves the embedded default from the cache folder (fetch
+    /// it with scripts/fetch-smollm2.sh): SmolLM2-135M-Instruct's Q4_1 GGUF as a head trained
+    /// on it, `smollm2-head` (the default evaluator), and as a zero-shot `chat-lm` PRM named
+    /// `smollm2`.
     Serve(ServeArgs),
     /// Loads and validates a config, then prints it resolved, secrets redacted.
     CheckConfig(ServeArgs),

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Turns the replies logged by scripts/bench/judge-parse-rate.sh into tests/fixtures/judge-replies.jsonl.
 
 Each distinct reply becomes one parser case: the model, the output mode, the turn (first reply or

@@ -7,7 +7,7 @@ mod chat;
 mod reward;
 
 use super::status::{self, capped};
-use super::{BearerAuth, Recorder, label, pb};
+use super::{AdminAuth, BearerAuth, Recorder, label, pb};
 use crate::config::RewardConfig;
 use crate::engine::{Engine, EngineError};
 use crate::field::FieldPath;
@@ -36,6 +36,7 @@ pub(crate) const TIMEOUT_HEADER: &str = "x-request-timeout";
 pub(crate) struct Http {
     engine: Arc<Engine>,
     auth: BearerAuth,
+    admin: AdminAuth,
     reward: RewardConfig,
     /// `[reward] policy_tokenizer`, loaded: what token ids in a reward body are decoded with.
     policy: Option<Arc<reward::PolicyTokenizer>>,
@@ -45,7 +46,7 @@ pub(crate) struct Http {
 /// message names the key).
 pub(crate) fn router(
     engine: Arc<Engine>,
-    auth: BearerAuth,
+    (auth, admin): (BearerAuth, AdminAuth),
     reward: RewardConfig,
 ) -> Result<Router, String> {
     let policy = match &reward.policy_tokenizer {
@@ -61,6 +62,7 @@ pub(crate) fn router(
     let state = Arc::new(Http {
         engine,
         auth,
+        admin,
         reward,
         policy,
     });
@@ -95,11 +97,14 @@ pub(crate) struct Failure {
     code: Code,
     message: String,
     field: Option<String>,
+    /// When to come back (overload and restarts), for `Retry-After`.
+    retry_after: Duration,
 }
 
 impl From<EngineError> for Failure {
     fn from(e: EngineError) -> Self {
         let status = status::to_status(&e);
+        let retry_after = status::retry_after(&e);
         let field = match e {
             EngineError::Invalid { field, .. } | EngineError::TooLarge { field, .. } => {
                 Some(field.to_string())
@@ -110,6 +115,7 @@ impl From<EngineError> for Failure {
             code: status.code(),
             message: status.message().to_string(),
             field,
+            retry_after,
         }
     }
 }
@@ -152,10 +158,12 @@ impl IntoResponse for Failure {
             &body,
         );
         // Overload and restarts pass: say when to try again instead of letting clients spin.
+        // Retry-After counts whole seconds; rounding up never asks for a retry too soon.
         if matches!(self.code, Code::ResourceExhausted | Code::Unavailable) {
+            let seconds = self.retry_after.as_secs_f64().ceil().max(1.0) as u64;
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         if self.code == Code::Unauthenticated {
             response
@@ -188,6 +196,7 @@ impl Http {
             code: Code::Unauthenticated,
             message: message.to_string(),
             field: None,
+            retry_after: Duration::ZERO,
         })?;
         deadline(headers, arrived)
     }
@@ -317,6 +326,18 @@ async fn rank(State(http): State<Arc<Http>>, headers: HeaderMap, body: Bytes) ->
 
 /// The Reload call over JSON: `{"evaluator": "..."}`.
 async fn reload(State(http): State<Arc<Http>>, headers: HeaderMap, body: Bytes) -> Response {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if let Err((code, why)) = http.admin.check(presented) {
+        return Failure {
+            code,
+            message: why.to_string(),
+            field: None,
+            retry_after: Duration::ZERO,
+        }
+        .into_response();
+    }
     let engine = &http.engine;
     json_call(
         "/v1/reload",

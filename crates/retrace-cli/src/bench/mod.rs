@@ -68,8 +68,9 @@ pub struct BenchOptions {
     /// measured.
     #[arg(long)]
     pub server: Option<String>,
-    /// Model folder (Hugging Face layout) for the server the bench starts, for token counts and
-    /// the matmul shapes [default: CACHE/smollm2].
+    /// The model the bench's server loads, as an [[evaluator]]'s `model`: a Hugging Face
+    /// folder or a .gguf file; also read for token counts and the matmul shapes
+    /// [default: CACHE/smollm2].
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Its family, as in an [[evaluator]] table.

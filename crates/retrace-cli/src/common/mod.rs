@@ -4,7 +4,7 @@
 //! scoring (the ProcessBench metric, the threshold sweep, the analyses) and reports (Markdown,
 //! HTML, plots, one style).
 //!
-//! - `dataset`: ProcessBench JSON arrays and JSONL (ProcessBench or ReTraceQA shape) -> `Record`s.
+//! - `dataset`: the server library's reader of ProcessBench JSON arrays and JSONL -> `Record`s.
 //! - `predictions`: the predictions JSONL (one `Row` per trace): the resumable output and the
 //!   score cache calibration re-thresholds.
 //! - `jsonl`: appending JSONL rows, and mending a last line a crash cut.
@@ -26,7 +26,12 @@ mod backend;
 mod best_of_n;
 mod calibrate;
 mod connect;
-mod dataset;
+/// The dataset reader is the server library's (a cascade reads its calibration rows with it).
+pub(crate) mod dataset {
+    pub(crate) use retrace::{
+        DataError, Purpose, Record, check_files, count_records, read_records,
+    };
+}
 pub(crate) mod jsonl;
 mod judging;
 mod metric;
@@ -44,10 +49,10 @@ pub use calibrate::{Curve, ScoredTrace, ThresholdChoice, first_below, rethreshol
 pub use connect::ConnectOptions;
 pub(crate) use connect::{backend, run_spec};
 pub(crate) use dataset::Purpose;
-pub use dataset::{DataError, Record, Records, read_records, records_from_bytes};
 pub use metric::{Averages, SplitScore, Summary};
 pub use predictions::{Row, read_rows};
 pub use report::{Calibration, Report, render_html, render_markdown};
+pub use retrace::{DataError, Record, Records, read_records, records_from_bytes};
 pub(crate) use spec::{Key, Outcome, Output};
 /// What other tools' reports reuse: sections, tables and plots in the same style.
 pub(crate) mod style {

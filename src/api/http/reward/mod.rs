@@ -101,6 +101,13 @@ pub(super) enum Text {
     },
 }
 
+/// A sample without a verdict has no first error: not -1 (every step holds) nor 0 (the first
+/// step is wrong), which a trainer's logs would read as verdicts. Numbers, since OpenRLHF makes
+/// tensors of `extra_logs`.
+pub(super) const NO_VERDICT_INDEX: i32 = -2;
+/// Nor a trace score: a step score is a probability, so -1 cannot be one.
+pub(super) const NO_VERDICT_SCORE: f32 = -1.0;
+
 /// What one sample got.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct SampleReward {
@@ -320,8 +327,8 @@ async fn score(
         .into_iter();
     let stand_in = |status, reward, detail| SampleReward {
         reward,
-        trace_score: reward,
-        first_error_index: 0,
+        trace_score: NO_VERDICT_SCORE,
+        first_error_index: NO_VERDICT_INDEX,
         step_count: 0,
         category: crate::api::pb::ErrorCategory::Unspecified as i32,
         status,

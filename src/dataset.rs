@@ -13,7 +13,7 @@
 //! - `reference_answer`, `final_answer_correct`, `generator`, optional;
 //! - `dataset`: the split the row counts under; default the file's stem (`gsm8k.json` -> gsm8k).
 
-use retrace::ErrorCategory;
+use crate::trace::ErrorCategory;
 use serde::Deserialize;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -42,7 +42,7 @@ pub struct Record {
 
 /// What rows are read for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum Purpose {
+pub enum Purpose {
     /// Scoring against labels: every row needs its `label`.
     #[default]
     Eval,
@@ -164,7 +164,7 @@ fn opens_array(head: &[u8]) -> bool {
 }
 
 /// Counts the rows of `path` without parsing them (for the progress bar).
-pub(crate) fn count_records(path: &Path) -> Result<usize, DataError> {
+pub fn count_records(path: &Path) -> Result<usize, DataError> {
     let mut records = read_records(path)?;
     let mut n = 0;
     while let Some(item) = records.next_raw() {
@@ -277,7 +277,7 @@ impl Records {
     }
 
     /// Reads the rows for `purpose` (`Purpose::Eval` unless set).
-    pub(crate) fn for_purpose(mut self, purpose: Purpose) -> Self {
+    pub fn for_purpose(mut self, purpose: Purpose) -> Self {
         self.purpose = purpose;
         self
     }
@@ -420,7 +420,7 @@ fn gold(
 impl Records {
     /// The next record with the line it starts on (for errors found after reading, such as a
     /// label past the steps a `text` segments into).
-    pub(crate) fn next_located(&mut self) -> Option<Result<(usize, Record), DataError>> {
+    pub fn next_located(&mut self) -> Option<Result<(usize, Record), DataError>> {
         let (line, text) = match self.next_raw()? {
             Ok(x) => x,
             Err(e) => return Some(Err(e)),
@@ -440,7 +440,7 @@ impl Iterator for Records {
 }
 
 /// The files named, each checked to exist, in order.
-pub(crate) fn check_files(files: &[PathBuf]) -> Result<(), DataError> {
+pub fn check_files(files: &[PathBuf]) -> Result<(), DataError> {
     for f in files {
         if !f.is_file() {
             return Err(DataError {

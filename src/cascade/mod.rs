@@ -1,13 +1,21 @@
 //! The `cascade` evaluator: a PRM scores every step, and its judge is asked only when the PRM is
 //! unsure (escalation) or, with `categorize`, to name the category of the error the PRM found.
 
+mod guarantee;
+mod guard;
+
+pub use guard::Confidence;
+
 use crate::engine::{Description, EngineError, Evaluator, Job, Loaded, NotLoaded, wrapped};
 use crate::metrics;
 use crate::record::{RecordConfig, RecordError, Recorder};
 use crate::rule::{Refused, refuse};
 use crate::trace::{DecisionPath, ErrorCategory, Judgement};
 use futures::future::BoxFuture;
+use guarantee::Target;
+use guard::{Guard, GuardConfig};
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// A PRM first, its judge where the PRM is unsure (or to name the category).
@@ -18,15 +26,32 @@ pub struct CascadeConfig {
     pub prm: String,
     /// The `judge` evaluator it escalates to.
     pub judge: String,
-    /// A deciding step within this distance of the threshold (inclusive) escalates.
-    #[serde(default = "default_margin")]
-    pub escalate_margin: f32,
+    /// A deciding step within this distance of the threshold (inclusive) escalates; 0.1 when
+    /// unset. Not with `target_agreement`, which decides instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalate_margin: Option<f32>,
+    /// The least agreement with the judge among the traces the PRM decides alone (1 - alpha):
+    /// the PRM keeps a verdict only where its confidence clears a threshold chosen on the
+    /// `calibration` rows to hold this with probability `target_confidence`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_agreement: Option<f64>,
+    /// The probability that the agreement target holds (1 - delta); 0.9 when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_confidence: Option<f64>,
+    /// Dataset rows with the judge's verdicts as labels (the rows `record` writes, or any file
+    /// `eval` reads), scored by the PRM at load and at each swap of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<PathBuf>,
+    /// How the PRM's confidence in a verdict is read (`verdict` or `margin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<Confidence>,
     /// Ask the judge for the category of an error the PRM is sure of.
     #[serde(default)]
     pub categorize: bool,
     /// Records each trace its judge decided as a dataset row (`record = "PATH"`, or a table
-    /// with `path` and limits), for `train-head` and `retrace distill`; off when unset. Rows
-    /// hold the traces, which may hold users' data.
+    /// with `path` and limits), for `train-head` and the learning loop
+    /// (scripts/learn/distill.py); off when unset. Rows hold the traces, which may hold users'
+    /// data.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -37,26 +62,81 @@ pub struct CascadeConfig {
 
 /// The default `escalate_margin`.
 pub(crate) const ESCALATE_MARGIN: f32 = 0.1;
-
-fn default_margin() -> f32 {
-    ESCALATE_MARGIN
-}
+/// The default `target_confidence`.
+const TARGET_CONFIDENCE: f64 = 0.9;
 
 impl CascadeConfig {
     /// Its own rules; that `prm` and `judge` name evaluators of those kinds is the config's
     /// check, which sees every table.
     pub fn check(&self) -> Result<(), Refused> {
-        if !(0.0..=1.0).contains(&self.escalate_margin) {
-            return refuse(format!(
-                "escalate_margin must lie in [0, 1], got {}",
-                self.escalate_margin
-            ));
+        if let Some(m) = self.escalate_margin
+            && !(0.0..=1.0).contains(&m)
+        {
+            return refuse(format!("escalate_margin must lie in [0, 1], got {m}"));
         }
+        self.check_guarantee()?;
         if let Some(r) = &self.record {
             r.check()?;
         }
         Ok(())
     }
+
+    /// The guarantee's keys: all or none, each a probability strictly inside (0, 1).
+    fn check_guarantee(&self) -> Result<(), Refused> {
+        let Some(agreement) = self.target_agreement else {
+            let set = [
+                ("target_confidence", self.target_confidence.is_some()),
+                ("calibration", self.calibration.is_some()),
+                ("confidence", self.confidence.is_some()),
+            ];
+            return match set.iter().find(|(_, on)| *on) {
+                Some((key, _)) => refuse(format!("{key} needs target_agreement")),
+                None => Ok(()),
+            };
+        };
+        if self.escalate_margin.is_some() {
+            return refuse(
+                "escalate_margin and target_agreement are two ways to escalate: set one",
+            );
+        }
+        for (key, p) in [
+            ("target_agreement", Some(agreement)),
+            ("target_confidence", self.target_confidence),
+        ] {
+            if let Some(p) = p
+                && !(p > 0.0 && p < 1.0)
+            {
+                return refuse(format!("{key} must lie strictly between 0 and 1, got {p}"));
+            }
+        }
+        if self.calibration.is_none() {
+            return refuse(
+                "target_agreement needs calibration = \"PATH\": rows labelled by the judge",
+            );
+        }
+        Ok(())
+    }
+
+    /// The guarantee's settings, when `target_agreement` asks for one.
+    fn guard(&self, threshold: Option<f32>) -> Option<GuardConfig> {
+        Some(GuardConfig {
+            target: Target {
+                agreement: self.target_agreement?,
+                confidence: self.target_confidence.unwrap_or(TARGET_CONFIDENCE),
+            },
+            confidence: self.confidence.unwrap_or_default(),
+            rows: self.calibration.clone()?,
+            threshold,
+        })
+    }
+}
+
+/// How a cascade decides to ask its judge.
+enum Escalation {
+    /// A deciding step within this distance of the threshold.
+    Margin(f32),
+    /// A verdict whose confidence misses the calibrated threshold.
+    Guaranteed(Arc<Guard>),
 }
 
 pub(crate) struct Cascade {
@@ -65,7 +145,7 @@ pub(crate) struct Cascade {
     judge: Arc<dyn Evaluator>,
     prm_name: String,
     judge_name: String,
-    margin: f32,
+    escalation: Escalation,
     categorize: bool,
     recorder: Option<Recorder>,
 }
@@ -114,14 +194,24 @@ pub(crate) enum CascadeLoadError {
     Record(#[from] RecordError),
 }
 
-/// Builds a cascade over evaluators loaded before it (`Engine::load` loads cascades last).
+/// Builds a cascade over evaluators loaded before it (`Engine::load` loads cascades last);
+/// `threshold` is its table's. A guaranteed cascade starts scoring its calibration rows.
 pub(crate) fn load(
     name: &str,
     config: &CascadeConfig,
+    threshold: Option<f32>,
     loaded: &Loaded,
 ) -> Result<Cascade, CascadeLoadError> {
     let find = |key, wanted: &str| wrapped(loaded, key, wanted);
     let (prm, judge) = (find("prm", &config.prm)?, find("judge", &config.judge)?);
+    let escalation = match config.guard(threshold) {
+        Some(g) => {
+            let guard = Guard::new(name, g, prm.clone());
+            guard.start();
+            Escalation::Guaranteed(guard)
+        }
+        None => Escalation::Margin(config.escalate_margin.unwrap_or(ESCALATE_MARGIN)),
+    };
     let recorder = match &config.record {
         Some(r) => Some(Recorder::start(name, &config.judge, r)?),
         None => None,
@@ -132,17 +222,35 @@ pub(crate) fn load(
         judge,
         prm_name: config.prm.clone(),
         judge_name: config.judge.clone(),
-        margin: config.escalate_margin,
+        escalation,
         categorize: config.categorize,
         recorder,
     })
 }
 
+impl Cascade {
+    fn decide(&self, verdict: &Judgement, threshold: f32) -> Decision {
+        let (scores, first) = (&verdict.step_scores, verdict.first_error);
+        match &self.escalation {
+            Escalation::Margin(m) => decide(scores, first, threshold, *m, self.categorize),
+            Escalation::Guaranteed(g) => match g.keeps(scores, first, threshold) {
+                false => Decision::Escalate,
+                true if self.categorize && first.is_some() => Decision::Categorize,
+                true => Decision::Keep,
+            },
+        }
+    }
+}
+
 impl Evaluator for Cascade {
     fn describe(&self) -> Description {
+        let pair = format!("prm {:?} + judge {:?}", self.prm_name, self.judge_name);
         Description {
             kind: "cascade".into(),
-            family: format!("prm {:?} + judge {:?}", self.prm_name, self.judge_name),
+            family: match &self.escalation {
+                Escalation::Margin(_) => pair,
+                Escalation::Guaranteed(g) => format!("{pair}; {}", g.summary()),
+            },
             model: format!(
                 "{} -> {}",
                 self.prm.describe().model,
@@ -169,13 +277,7 @@ impl Evaluator for Cascade {
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
             let mut verdict = self.prm.evaluate(job.clone()).await?;
-            let decision = decide(
-                &verdict.step_scores,
-                verdict.first_error,
-                job.threshold,
-                self.margin,
-                self.categorize,
-            );
+            let decision = self.decide(&verdict, job.threshold);
             if decision == Decision::Keep {
                 metrics::record_cascade(&self.name, "prm");
                 return Ok(verdict);
