@@ -102,6 +102,9 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 TINY=$PWD/tests/fixtures/tiny
+for i in 1 2 3; do
+  echo "{\"question\": \"What is $i + $i?\", \"steps\": [\"$i + $i = $((2 * i)).\"], \"label\": -1}"
+done > "$WORK/rows.jsonl"
 cat > "$WORK/serve.toml" <<EOF
 [server]
 max_in_flight = 16
@@ -127,6 +130,16 @@ name = "cascade"
 kind = "cascade"
 prm = "tiny"
 judge = "judge"
+
+# A cascade that guarantees its agreement, and audits what it keeps.
+[[evaluator]]
+name = "guaranteed"
+kind = "cascade"
+prm = "tiny"
+judge = "judge"
+target_agreement = 0.9
+calibration = "$WORK/rows.jsonl"
+audit_rate = 0.5
 
 # PRMs on vLLM: a token-classification head (/pooling), a causal LM read at + and -
 # (/v1/completions, scored inexact: the fake leaves + and - out), and one whose server is down.
@@ -179,7 +192,7 @@ evaluate() {
     -d "{\"evaluator\": \"$1\", \"trace\": {\"question\": \"What is 12 * 3?\", \"steps\": [\"12 * 3 = 36\", \"So the answer is 36.\"]}}"
 }
 printf 'HTTP statuses: '
-for e in tiny tiny judge judge judge cascade remote-down remote-down remote-down; do evaluate "$e"; done
+for e in tiny tiny judge judge judge cascade guaranteed remote-down remote-down remote-down; do evaluate "$e"; done
 echo
 # The remote PRMs must answer: their success metrics (and the inexact count) come only from a
 # reply read, so a fake that drifted from what src/prm/remote.rs reads fails here, by name.

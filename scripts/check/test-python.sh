@@ -32,7 +32,7 @@ fi
 .venv/bin/python -m pytest -q clients/python/tests
 # The bench scripts' reading of train-head's output and the checks' parsers (their own folders,
 # apart from the client's config).
-.venv/bin/python -m pytest -q -p no:asyncio scripts/bench/tests scripts/check/tests
+.venv/bin/python -m pytest -q -p no:asyncio scripts/bench/tests scripts/check/tests scripts/learn/tests
 for example in examples/best_of_n.py examples/grpo_reward_step.py; do
   echo "== $example"
   .venv/bin/python "$example"

@@ -6,16 +6,18 @@ The server records each trace the cascade's judge decides (`record` on the casca
 `--every` new rows this script:
   1. reads every recorded row (the current file and its rotated ones), plus any `--seed` data;
   2. holds out `--dev-share` of the recorded rows by question (a question's traces stay on one
-     side; the same question always lands on the same side);
+     side; the same question always lands on the same side), and splits the held-out rows by
+     question again, half and half: a selection set, on which train-head chooses the candidate's
+     kind, taps and threshold, and a comparison set apart from it;
   3. trains a candidate with `retrace train-head` on the serving head's base and format, over
      the seed and the rest of the recorded rows (in files of `--chunk` rows, so each round
-     extracts only the new rows' features);
-  4. scores the serving head and the candidate on the newest `--max-dev` held-out rows the same
-     way (`retrace eval`, each head loaded in-process) against the judge's labels: ProcessBench's
-     F1;
+     extracts only the new rows' features), choosing on the selection set;
+  4. scores the serving head and the candidate on the newest `--max-dev` comparison rows the
+     same way (`retrace eval`, each head loaded in-process) against the judge's labels:
+     ProcessBench's F1, on rows neither head chose anything on;
   5. if the candidate is no worse, puts it in the serving head's folder (the old one moved
      aside into the round's folder) and asks the server to reload (`POST /v1/reload`); a
-     refused reload puts the old folder back.
+     refused or failed reload puts the old folder back.
 Every decision goes to WORK/distill.jsonl and WORK/report.md, and one line to stdout.
 
 It is a script over the commands rather than a command of its own: each step is a tool that
@@ -125,6 +127,23 @@ def on_dev(question, share):
     return h % 10_000 < share * 10_000
 
 
+def to_compare(question):
+    """Of a held-out question, whether it compares heads (else it selects the candidate): another
+    part of the hash than `on_dev`'s, so the halves are even within the held-out share."""
+    h = int.from_bytes(hashlib.sha256(question.encode()).digest()[8:16], "big")
+    return h % 2 == 1
+
+
+def split(rows, share, max_compare):
+    """Training rows, the selection set (train-head's --dev) and the newest `max_compare` rows
+    of the comparison set; no question on two of them."""
+    held = [r for r in rows if on_dev(r["question"], share)]
+    train = [r for r in rows if not on_dev(r["question"], share)]
+    select = [r for r in held if not to_compare(r["question"])]
+    compare = [r for r in held if to_compare(r["question"])][-max_compare:]
+    return train, select, compare
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -176,7 +195,13 @@ def reload(http, token_env, prm):
         with urllib.request.urlopen(req, timeout=600) as r:
             return True, json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return False, json.loads(e.read() or b"{}")
+        try:
+            return False, json.loads(e.read() or b"{}")
+        except ValueError:
+            return False, {"error": f"HTTP {e.code}"}
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        # The server unreachable, the connection cut or the reply unreadable: not swapped.
+        return False, {"error": f"reload call failed: {e}"}
 
 
 def swap(setup, candidate, aside, a):
@@ -196,9 +221,12 @@ def swap(setup, candidate, aside, a):
 def round_(k, setup, a, retrace, rows):
     here = a.work / f"round-{k:03d}"
     here.mkdir(parents=True, exist_ok=True)
-    dev = [r for r in rows if on_dev(r["question"], a.dev_share)][-a.max_dev:]
-    train = [r for r in rows if not on_dev(r["question"], a.dev_share)]
+    train, select, dev = split(rows, a.dev_share, a.max_dev)
+    if not select or not dev:
+        sys.exit(f"round {k}: {len(select)} selection and {len(dev)} comparison rows; "
+                 "both need some: record more rows or raise --dev-share")
     chunks = write_chunks(a.work / "train", train, a.chunk)
+    write_jsonl(here / "select.jsonl", select)
     write_jsonl(here / "dev.jsonl", dev)
     base_cfg = json.loads((setup.head / "config.json").read_text())
     base = Path(base_cfg["base"])
@@ -210,14 +238,14 @@ def round_(k, setup, a, retrace, rows):
     data = [str(s) for s in a.seed] + [str(c) for c in chunks]
     started = time.monotonic()
     run([retrace, "train-head", "--base", str(base), "--format", base_cfg.get("format", "chat-lm"),
-         "--data", *data, "--dev", str(here / "dev.jsonl"), "--out", str(here / "head"),
+         "--data", *data, "--dev", str(here / "select.jsonl"), "--out", str(here / "head"),
          "--cache", str(a.work / "features"), "--force", "--no-progress", *a.train_arg],
         here / "train.log")
     train_s = time.monotonic() - started
     metric, serving = score(retrace, setup.head, here / "dev.jsonl", here / "serving")
     _, candidate = score(retrace, here / "head", here / "dev.jsonl", here / "candidate")
     threshold = json.loads((here / "head" / "config.json").read_text())["threshold"]
-    entry = {"round": k, "rows": len(rows), "train": len(train), "dev": len(dev),
+    entry = {"round": k, "rows": len(rows), "train": len(train), "select": len(select), "dev": len(dev),
              "metric": metric, "serving": serving, "candidate": candidate,
              "threshold": threshold, "train_s": round(train_s, 1)}
     if candidate < serving:

@@ -1,8 +1,12 @@
 //! A cascade's guaranteed escalation: its calibration rows scored by its PRM, the confidence
 //! threshold chosen on them (`guarantee.rs`) for the threshold in force, and the rows scored
 //! again when the PRM is swapped. Until the rows are scored, and where no threshold passes,
-//! every trace escalates: a trace is never kept without the guarantee.
+//! every trace escalates: a trace is never kept without the guarantee. With audits
+//! (`audit.rs`), a kept trace may be judged too, after its answer; when the audits show the
+//! kept traces no longer agree at the target (drift), every trace escalates again until enough
+//! of them, each judged, choose a new threshold.
 
+use super::audit::{AuditConfig, Audits, Draw, Tally};
 use super::guarantee::{self, Calibrated, Item, Target};
 use crate::dataset::{DataError, Record, read_records};
 use crate::engine::{Evaluator, Job};
@@ -13,9 +17,13 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use tokio::time::Instant;
 
 /// Calibration rows scored at once: enough for the PRM's batcher to fill a batch.
 const SCORING_AT_ONCE: usize = 16;
+/// After a drift, traces judged before a threshold is chosen again: at least this many, and
+/// at least as many as the calibration rows.
+const FEWEST_AFTER_DRIFT: usize = 100;
 
 /// How sure the PRM is of its verdict on a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -61,6 +69,8 @@ pub(crate) struct GuardConfig {
     pub rows: PathBuf,
     /// The cascade's configured threshold, if any: what the gauges and the log report at.
     pub threshold: Option<f32>,
+    /// Audits of the kept traces, if asked for.
+    pub audit: Option<AuditConfig>,
 }
 
 /// The guarantee of one cascade.
@@ -69,6 +79,7 @@ pub(crate) struct Guard {
     config: GuardConfig,
     prm: Arc<dyn Evaluator>,
     state: Mutex<State>,
+    audits: Option<Audits>,
 }
 
 #[derive(Default)]
@@ -79,21 +90,28 @@ struct State {
     scoring: Option<u64>,
     /// The last threshold's choice: requests nearly always carry the cascade's own.
     chosen: Option<(u32, Arc<Calibrated>)>,
+    /// The audits showed drift: every trace escalates, and each judged one gathers here until
+    /// there are enough to choose again.
+    drifted: Option<Vec<Scored>>,
 }
 
 /// One calibration row: the PRM's step scores and the judge's first error.
-struct Scored {
+pub(crate) struct Scored {
     scores: Vec<f32>,
     label: Option<usize>,
 }
 
 impl Guard {
     pub(crate) fn new(cascade: &str, config: GuardConfig, prm: Arc<dyn Evaluator>) -> Arc<Guard> {
+        if let Some(a) = &config.audit {
+            audited_gauges(cascade, config.target, Tally::default(), a.rate);
+        }
         Arc::new(Guard {
             cascade: cascade.to_string(),
-            config,
+            config: config.clone(),
             prm,
             state: Mutex::default(),
+            audits: config.audit.map(Audits::new),
         })
     }
 
@@ -110,6 +128,9 @@ impl Guard {
         first_error: Option<usize>,
         threshold: f32,
     ) -> bool {
+        if self.lock().drifted.is_some() {
+            return false;
+        }
         let Some(chosen) = self.calibrated(threshold) else {
             return false;
         };
@@ -194,8 +215,15 @@ impl Guard {
             let mut state = self.lock();
             state.scoring = None;
             state.chosen = None;
-            state.scored = Some((generation, Arc::new(scored)));
+            state.drifted = None;
+            let before = state.scored.replace((generation, Arc::new(scored)));
             drop(state);
+            if before.is_some() {
+                metrics::record_recalibration(&self.cascade, "swap");
+            }
+            if let Some(a) = &self.audits {
+                a.restart();
+            }
             // Report the choice at the threshold in force at once, not at the first request.
             self.calibrated(self.threshold_in_force());
         });
@@ -251,6 +279,92 @@ impl Guard {
         scored
     }
 
+    /// Whether to audit a trace just kept (drawn at the decaying share, within the budget).
+    pub(crate) fn draw_audit(&self) -> bool {
+        let Some(audits) = &self.audits else {
+            return false;
+        };
+        match audits.draw(Instant::now(), fastrand::f64()) {
+            Draw::Audit => true,
+            Draw::NotDrawn => false,
+            Draw::OverBudget => {
+                metrics::record_audit(&self.cascade, "over_budget");
+                false
+            }
+        }
+    }
+
+    /// An audit ended: `agreed` is whether the judge's first error was the PRM's, None when
+    /// the judge could not answer. Audits that show the kept traces below the target (their
+    /// agreement's upper bound under it) start a drift.
+    pub(crate) fn audited(&self, agreed: Option<bool>) {
+        let Some(audits) = &self.audits else {
+            return;
+        };
+        let tally = audits.finish(agreed);
+        let outcome = match agreed {
+            Some(true) => "agreed",
+            Some(false) => "disagreed",
+            None => "failed",
+        };
+        metrics::record_audit(&self.cascade, outcome);
+        let target = self.config.target;
+        audited_gauges(&self.cascade, target, tally, audits.share());
+        if tally.upper_bound(target.confidence) < target.agreement {
+            let mut state = self.lock();
+            if state.drifted.is_none() {
+                state.drifted = Some(Vec::new());
+                metrics::set_guarantee(&self.cascade, None, 0, 1.0, 0.0);
+                tracing::warn!(
+                    cascade = %self.cascade, audited = tally.audited, disagreed = tally.disagreed,
+                    "audits show the kept traces below the target agreement; every trace escalates until it is calibrated again"
+                );
+            }
+        }
+    }
+
+    /// A trace the judge decided while drifted: gathered, and once there are enough, the
+    /// threshold is chosen again on them (every trace was judged, so they are the stream's).
+    pub(crate) fn observe(&self, scores: Vec<f32>, label: Option<usize>) {
+        let mut state = self.lock();
+        let needed = state
+            .scored
+            .as_ref()
+            .map_or(0, |(_, rows)| rows.len())
+            .max(FEWEST_AFTER_DRIFT);
+        let Some(gathered) = state.drifted.as_mut() else {
+            return;
+        };
+        gathered.push(Scored { scores, label });
+        if gathered.len() < needed {
+            return;
+        }
+        let rows = state.drifted.take().unwrap_or_default();
+        let generation = self.prm.generation();
+        state.scored = Some((generation, Arc::new(rows)));
+        state.chosen = None;
+        drop(state);
+        if let Some(a) = &self.audits {
+            a.restart();
+        }
+        metrics::record_recalibration(&self.cascade, "drift");
+        self.report(self.threshold_in_force());
+    }
+
+    /// Whether the traces it escalates are gathered to choose again.
+    pub(crate) fn drifted(&self) -> bool {
+        self.lock().drifted.is_some()
+    }
+
+    /// Chooses at `threshold` now (a gauge and a log line), on what was scored.
+    fn report(&self, threshold: f32) {
+        let rows = self.lock().scored.as_ref().map(|(_, r)| r.clone());
+        if let Some(rows) = rows {
+            let chosen = Arc::new(self.choose(&rows, threshold));
+            self.lock().chosen = Some((threshold.to_bits(), chosen));
+        }
+    }
+
     /// One line for ListEvaluators: the target, and what the calibration chose at the
     /// threshold in force.
     pub(crate) fn summary(&self) -> String {
@@ -262,6 +376,9 @@ impl Guard {
         let state = self.lock();
         match &state.chosen {
             _ if state.scored.is_none() => format!("{head}: calibrating, every trace escalates"),
+            _ if state.drifted.is_some() => {
+                format!("{head}: audits showed drift, every trace escalates until recalibrated")
+            }
             Some((_, c)) => match c.threshold {
                 Some(t) => format!(
                     "{head}: keeps confidence >= {t:.4} ({} of {} calibration rows, bound {:.3})",
@@ -275,6 +392,17 @@ impl Guard {
             None => format!("{head}: calibrated, not chosen yet"),
         }
     }
+}
+
+fn audited_gauges(cascade: &str, target: Target, tally: Tally, share: f64) {
+    let audited = metrics::Audited {
+        target: target.agreement,
+        audited: tally.audited,
+        agreement: tally.agreement(),
+        lower: tally.lower_bound(target.confidence),
+        share,
+    };
+    metrics::set_audited(cascade, audited);
 }
 
 /// The calibration file's rows with their judge's labels (-1: every step holds), as traces.

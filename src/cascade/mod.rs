@@ -1,6 +1,7 @@
 //! The `cascade` evaluator: a PRM scores every step, and its judge is asked only when the PRM is
 //! unsure (escalation) or, with `categorize`, to name the category of the error the PRM found.
 
+mod audit;
 mod guarantee;
 mod guard;
 
@@ -11,12 +12,15 @@ use crate::metrics;
 use crate::record::{RecordConfig, RecordError, Recorder};
 use crate::rule::{Refused, refuse};
 use crate::trace::{DecisionPath, ErrorCategory, Judgement};
+use audit::AuditConfig;
 use futures::future::BoxFuture;
 use guarantee::Target;
 use guard::{Guard, GuardConfig};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// A PRM first, its judge where the PRM is unsure (or to name the category).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -45,6 +49,16 @@ pub struct CascadeConfig {
     /// How the PRM's confidence in a verdict is read (`verdict` or `margin`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confidence: Option<Confidence>,
+    /// The share of kept traces also sent to the judge after their answer, at first; it
+    /// decays as max(audit_floor, audit_rate / sqrt(t + 1)). Off when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_rate: Option<f64>,
+    /// The share the audits decay to; 0.05 (or `audit_rate`, if lower) when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_floor: Option<f64>,
+    /// Judge calls a second the audits may spend at most; 1 when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_per_second: Option<f64>,
     /// Ask the judge for the category of an error the PRM is sure of.
     #[serde(default)]
     pub categorize: bool,
@@ -88,6 +102,9 @@ impl CascadeConfig {
                 ("target_confidence", self.target_confidence.is_some()),
                 ("calibration", self.calibration.is_some()),
                 ("confidence", self.confidence.is_some()),
+                ("audit_rate", self.audit_rate.is_some()),
+                ("audit_floor", self.audit_floor.is_some()),
+                ("audit_per_second", self.audit_per_second.is_some()),
             ];
             return match set.iter().find(|(_, on)| *on) {
                 Some((key, _)) => refuse(format!("{key} needs target_agreement")),
@@ -114,7 +131,20 @@ impl CascadeConfig {
                 "target_agreement needs calibration = \"PATH\": rows labelled by the judge",
             );
         }
-        Ok(())
+        match (self.audit(), self.audit_floor.or(self.audit_per_second)) {
+            (Some(a), _) => a.check().or_else(refuse),
+            (None, Some(_)) => refuse("audit_floor and audit_per_second need audit_rate"),
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// The audits' settings, when `audit_rate` asks for them.
+    fn audit(&self) -> Option<AuditConfig> {
+        let rate = self.audit_rate?;
+        let mut a = AuditConfig::of_rate(rate);
+        a.floor = self.audit_floor.unwrap_or(a.floor);
+        a.per_second = self.audit_per_second.unwrap_or(a.per_second);
+        Some(a)
     }
 
     /// The guarantee's settings, when `target_agreement` asks for one.
@@ -127,6 +157,7 @@ impl CascadeConfig {
             confidence: self.confidence.unwrap_or_default(),
             rows: self.calibration.clone()?,
             threshold,
+            audit: self.audit(),
         })
     }
 }
@@ -147,7 +178,7 @@ pub(crate) struct Cascade {
     judge_name: String,
     escalation: Escalation,
     categorize: bool,
-    recorder: Option<Recorder>,
+    recorder: Option<Arc<Recorder>>,
 }
 
 /// What the cascade does with one PRM judgement.
@@ -213,7 +244,7 @@ pub(crate) fn load(
         None => Escalation::Margin(config.escalate_margin.unwrap_or(ESCALATE_MARGIN)),
     };
     let recorder = match &config.record {
-        Some(r) => Some(Recorder::start(name, &config.judge, r)?),
+        Some(r) => Some(Arc::new(Recorder::start(name, &config.judge, r)?)),
         None => None,
     };
     Ok(Cascade {
@@ -280,6 +311,7 @@ impl Evaluator for Cascade {
             let decision = self.decide(&verdict, job.threshold);
             if decision == Decision::Keep {
                 metrics::record_cascade(&self.name, "prm");
+                self.audit(&job, &verdict);
                 return Ok(verdict);
             }
             let judged = match self.judge.evaluate(job.clone()).await {
@@ -297,36 +329,77 @@ impl Evaluator for Cascade {
             if let Some(r) = &self.recorder {
                 r.record(&job.trace, &judged, Some(verdict.first_error));
             }
-            match decision {
-                Decision::Escalate => {
-                    verdict.first_error = judged.first_error;
-                    verdict.category = judged.category;
-                    verdict.path = DecisionPath::Escalated;
-                    verdict.rationale = judged.rationale;
-                    verdict.agreement = judged.agreement;
-                    metrics::record_cascade(&self.name, "escalated");
-                }
-                _ => {
-                    // The judge's category describes the step it found first; it names the PRM's
-                    // error only when the two agree on which step that is.
-                    if judged.first_error == verdict.first_error {
-                        verdict.category = judged.category;
-                        verdict.rationale = judged.rationale;
-                        // The judge's votes for its index are votes for the PRM's.
-                        verdict.agreement = judged.agreement;
-                    } else {
-                        verdict.category = ErrorCategory::Unspecified;
-                        verdict.rationale = Some(format!(
-                            "the judge put the earliest error at step {}, not the PRM's; no category",
-                            judged.first_error.map_or(-1, |k| k as i64)
-                        ));
-                    }
-                    verdict.path = DecisionPath::Categorized;
-                    metrics::record_cascade(&self.name, "categorized");
-                }
+            if let Escalation::Guaranteed(g) = &self.escalation
+                && g.drifted()
+            {
+                g.observe(verdict.step_scores.clone(), judged.first_error);
             }
+            self.merge(decision, &mut verdict, judged);
             Ok(verdict)
         })
+    }
+}
+
+/// How long an audit's judge call may take: it holds no caller, only a place among the
+/// audits in flight.
+const AUDIT_DEADLINE: Duration = Duration::from_secs(120);
+
+impl Cascade {
+    /// Sends a kept trace to the judge too, off the request's path, when the audits draw it;
+    /// the judge's verdict is recorded like an escalation's and tallied against the PRM's.
+    fn audit(&self, job: &Job, verdict: &Judgement) {
+        let Escalation::Guaranteed(guard) = &self.escalation else {
+            return;
+        };
+        if !guard.draw_audit() {
+            return;
+        }
+        let (guard, judge, recorder) = (guard.clone(), self.judge.clone(), self.recorder.clone());
+        let prm_first = verdict.first_error;
+        let job = Job {
+            deadline: Some(Instant::now() + AUDIT_DEADLINE),
+            ..job.clone()
+        };
+        tokio::spawn(async move {
+            let judged = judge.evaluate(job.clone()).await.ok();
+            if let (Some(j), Some(r)) = (&judged, &recorder) {
+                r.record(&job.trace, j, Some(prm_first));
+            }
+            guard.audited(judged.map(|j| j.first_error == prm_first));
+        });
+    }
+
+    /// The judge's answer laid over the PRM's verdict: the judge's verdict where it escalated;
+    /// the judge's category where it was asked for one, if the two agree on the step.
+    fn merge(&self, decision: Decision, verdict: &mut Judgement, judged: Judgement) {
+        match decision {
+            Decision::Escalate => {
+                verdict.first_error = judged.first_error;
+                verdict.category = judged.category;
+                verdict.path = DecisionPath::Escalated;
+                verdict.rationale = judged.rationale;
+                verdict.agreement = judged.agreement;
+                metrics::record_cascade(&self.name, "escalated");
+            }
+            _ => {
+                // The judge's category describes the step it found first; it names the PRM's
+                // error only when the two agree on which step that is.
+                if judged.first_error == verdict.first_error {
+                    verdict.category = judged.category;
+                    verdict.rationale = judged.rationale;
+                    // The judge's votes for its index are votes for the PRM's.
+                    verdict.agreement = judged.agreement;
+                } else {
+                    verdict.category = ErrorCategory::Unspecified;
+                    verdict.rationale = Some(format!(
+                        "the judge put the earliest error at step {}, not the PRM's; no category",
+                        judged.first_error.map_or(-1, |k| k as i64)
+                    ));
+                }
+                verdict.path = DecisionPath::Categorized;
+                metrics::record_cascade(&self.name, "categorized");
+            }
+        }
     }
 }
 

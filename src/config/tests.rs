@@ -670,3 +670,47 @@ fn admin_tokens_come_from_their_variable_and_set_but_empty_is_an_error() {
     assert!(c.admin_tokens().unwrap_err().message.contains("not set"));
     assert!(parse(EXAMPLE).unwrap().admin_tokens().unwrap().is_empty());
 }
+
+#[test]
+fn a_guaranteed_cascade_needs_its_keys_together_and_in_range() {
+    let with = |keys: &str| parse(&format!("{EXAMPLE}{JUDGE}{CASCADE}{keys}\n"));
+    let ok = "target_agreement = 0.9\ncalibration = \"rows.jsonl\"\naudit_rate = 0.3";
+    with(ok).expect("a guaranteed, audited cascade");
+    let refused = [
+        (
+            "target_agreement = 1.5\ncalibration = \"r\"",
+            "target_agreement must lie strictly",
+        ),
+        ("target_agreement = 0.9", "needs calibration"),
+        (
+            "target_agreement = 0.9\ncalibration = \"r\"\ntarget_confidence = 0",
+            "target_confidence",
+        ),
+        (
+            "target_agreement = 0.9\ncalibration = \"r\"\nescalate_margin = 0.2",
+            "set one",
+        ),
+        ("calibration = \"r\"", "calibration needs target_agreement"),
+        ("audit_rate = 0.3", "audit_rate needs target_agreement"),
+        (
+            "target_agreement = 0.9\ncalibration = \"r\"\naudit_floor = 0.1",
+            "need audit_rate",
+        ),
+        (
+            "target_agreement = 0.9\ncalibration = \"r\"\naudit_rate = 0.1\naudit_floor = 0.2",
+            "floor",
+        ),
+        (
+            "target_agreement = 0.9\ncalibration = \"r\"\nconfidence = \"vibes\"",
+            "vibes",
+        ),
+    ];
+    for (keys, want) in refused {
+        let err = with(keys).unwrap_err();
+        assert!(err.message.contains(want), "{keys}: {err}");
+        assert!(
+            err.message.contains("both"),
+            "{keys}: {err} names the cascade"
+        );
+    }
+}

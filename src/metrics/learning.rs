@@ -14,6 +14,16 @@ pub(crate) const CONFIDENCE_THRESHOLD: &str = "retrace_cascade_confidence_thresh
 pub(crate) const CALIBRATION_ROWS: &str = "retrace_cascade_calibration_rows";
 pub(crate) const DISAGREEMENT_BOUND: &str = "retrace_cascade_disagreement_bound";
 pub(crate) const EXPECTED_COVERAGE: &str = "retrace_cascade_expected_coverage";
+pub(crate) const AUDITS: &str = "retrace_cascade_audits_total";
+pub(crate) const AUDITED_AGREEMENT: &str = "retrace_cascade_audited_agreement";
+pub(crate) const AUDITED_AGREEMENT_LOWER: &str = "retrace_cascade_audited_agreement_lower";
+pub(crate) const AUDIT_SHARE: &str = "retrace_cascade_audit_share";
+pub(crate) const AUDITED: &str = "retrace_cascade_audited";
+pub(crate) const TARGET_AGREEMENT: &str = "retrace_cascade_target_agreement";
+pub(crate) const RECALIBRATIONS: &str = "retrace_cascade_recalibrations_total";
+
+/// `retrace_cascade_audits_total`'s outcomes.
+const AUDIT_OUTCOMES: [&str; 4] = ["agreed", "disagreed", "failed", "over_budget"];
 
 /// `retrace_recorded_total`'s outcomes.
 pub(crate) const RECORDED_OUTCOMES: [&str; 3] = ["written", "dropped", "failed"];
@@ -56,6 +66,39 @@ pub(super) fn describe() {
         EXPECTED_COVERAGE,
         "The share of traces a cascade's PRM is expected to decide alone: its calibration rows' \
          share kept at the threshold."
+    );
+    describe_counter!(
+        AUDITS,
+        "Kept traces a cascade also sent its judge, after the answer, by evaluator and outcome \
+         (agreed, disagreed, failed: the judge did not answer; over_budget: drawn, but the \
+         audit budget was spent)."
+    );
+    describe_gauge!(
+        AUDITED_AGREEMENT,
+        "The share of a cascade's audits since its threshold was chosen whose judge verdict was \
+         the PRM's."
+    );
+    describe_gauge!(
+        AUDITED_AGREEMENT_LOWER,
+        "The lower bound on that agreement, at the cascade's target_confidence (0 before an audit)."
+    );
+    describe_gauge!(
+        AUDITED,
+        "Audits a cascade's judge answered since its threshold was chosen: what its audited \
+         agreement and the bound rest on."
+    );
+    describe_gauge!(
+        AUDIT_SHARE,
+        "The share of kept traces a cascade audits now (it decays to audit_floor)."
+    );
+    describe_gauge!(
+        TARGET_AGREEMENT,
+        "The agreement with its judge a cascade is set to guarantee (target_agreement)."
+    );
+    describe_counter!(
+        RECALIBRATIONS,
+        "A cascade's thresholds chosen again, by evaluator and reason (swap: its PRM was \
+         reloaded; drift: audits showed the kept traces below the target)."
     );
     describe_gauge!(
         HEAD_INFO,
@@ -117,4 +160,36 @@ pub(crate) fn set_guarantee(
     gauge!(CALIBRATION_ROWS, "evaluator" => name()).set(rows as f64);
     gauge!(DISAGREEMENT_BOUND, "evaluator" => name()).set(bound);
     gauge!(EXPECTED_COVERAGE, "evaluator" => name()).set(coverage);
+}
+
+pub(crate) fn record_audit(cascade: &str, outcome: &'static str) {
+    counter!(AUDITS, "evaluator" => cascade.to_string(), "outcome" => outcome).increment(1);
+}
+
+/// What a cascade's audits say, as gauges: its target, the audited agreement (None before an
+/// audit) and its lower bound, and the share audited now. Every outcome is a series from the
+/// start, so an alert's ratio reads 0 before the first audit.
+pub(crate) struct Audited {
+    pub target: f64,
+    pub audited: u64,
+    pub agreement: Option<f64>,
+    pub lower: f64,
+    pub share: f64,
+}
+
+pub(crate) fn set_audited(cascade: &str, a: Audited) {
+    let name = || cascade.to_string();
+    for outcome in AUDIT_OUTCOMES {
+        counter!(AUDITS, "evaluator" => name(), "outcome" => outcome).increment(0);
+    }
+    gauge!(TARGET_AGREEMENT, "evaluator" => name()).set(a.target);
+    gauge!(AUDITED, "evaluator" => name()).set(a.audited as f64);
+    // No audit yet is no agreement: NaN, which a panel leaves blank, rather than a 0 or a 1.
+    gauge!(AUDITED_AGREEMENT, "evaluator" => name()).set(a.agreement.unwrap_or(f64::NAN));
+    gauge!(AUDITED_AGREEMENT_LOWER, "evaluator" => name()).set(a.lower);
+    gauge!(AUDIT_SHARE, "evaluator" => name()).set(a.share);
+}
+
+pub(crate) fn record_recalibration(cascade: &str, reason: &'static str) {
+    counter!(RECALIBRATIONS, "evaluator" => cascade.to_string(), "reason" => reason).increment(1);
 }

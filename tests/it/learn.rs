@@ -19,7 +19,7 @@ const GOOD: &str =
 
 /// A head folder over the tiny base (copied into it), with `threshold`; `retrained` gives its
 /// step weights the other sign, so its scores are not the first head's.
-fn head_folder(dir: &Path, threshold: f64, retrained: bool) {
+pub(crate) fn head_folder(dir: &Path, threshold: f64, retrained: bool) {
     let base = dir.join("base");
     copy_base(&base);
     let sum = retrace_model::checkpoint_sha256(&base).unwrap();
@@ -33,7 +33,7 @@ fn head_folder(dir: &Path, threshold: f64, retrained: bool) {
 }
 
 /// Each load call's deadline: a request never answered fails the test instead of hanging it.
-const CALL_DEADLINE: Duration = Duration::from_secs(30);
+pub(crate) const CALL_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The step scores `evaluator` gives the probe trace.
 async fn scores(s: &TestServer, evaluator: &str) -> Vec<f32> {
@@ -247,14 +247,14 @@ async fn a_cascade_records_and_its_head_is_swapped_under_load_without_a_failed_r
 }
 
 /// An oracle judge: a trace whose second step says "odd" is wrong there, any other holds.
-fn oracle(body: &serde_json::Value) -> String {
+pub(crate) fn oracle(body: &serde_json::Value) -> String {
     match body.to_string().contains("It is odd.") {
         true => "Paragraph 1 is false.\n\\boxed{1}\nCategory: Reasoning".into(),
         false => "All paragraphs hold.\n\\boxed{-1}\nCategory: None".into(),
     }
 }
 
-fn parity_trace(i: usize) -> pb::Trace {
+pub(crate) fn parity_trace(i: usize) -> pb::Trace {
     let parity = if i.is_multiple_of(2) {
         "It is even."
     } else {
@@ -437,198 +437,5 @@ async fn sighup_reloads_every_head_under_load_and_counts_the_swap() {
     );
     assert!(sent > 0);
     drop(server);
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// The step scores and first error a PRM gives `trace`.
-async fn verdict_of(s: &TestServer, evaluator: &str, trace: pb::Trace) -> (Vec<f32>, i32, i32) {
-    let mut c = s.client().await;
-    let mut req = tonic::Request::new(request("v", evaluator, trace));
-    req.set_timeout(CALL_DEADLINE);
-    let r = c.evaluate(req).await.unwrap().into_inner();
-    let scores = r.steps.iter().map(|s| s.score).collect();
-    (scores, r.first_error_index, r.path)
-}
-
-/// The probability of a verdict (the cascade's `confidence = "verdict"`), from its scores.
-fn verdict_confidence(scores: &[f32], first: i32) -> f64 {
-    let deciding = if first < 0 {
-        scores.len()
-    } else {
-        first as usize + 1
-    };
-    (0..deciding)
-        .map(|i| match i as i32 == first {
-            true => 1.0 - f64::from(scores[i]),
-            false => f64::from(scores[i]),
-        })
-        .product()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guaranteed_cascade_keeps_only_what_its_calibration_rows_vouch_for() {
-    let dir = temp("guarantee");
-    let head = dir.join("head");
-    head_folder(&head, 0.5, false);
-    let prm = format!(
-        "[[evaluator]]\nname = \"ghead\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n",
-        head.display().to_string()
-    );
-    // The head's own verdicts on the calibration traces, from a server of the head alone.
-    const ROWS: usize = 80;
-    let alone = Config::parse(&prm, "test config", &[]).unwrap();
-    let s = TestServer::start(alone, retrace::default_loader()).await;
-    s.ready().await;
-    let mut rows = Vec::new();
-    for i in 0..ROWS {
-        let (scores, first, _) = verdict_of(&s, "ghead", parity_trace(i)).await;
-        rows.push((i, verdict_confidence(&scores, first), first));
-    }
-    s.stop().await.unwrap();
-    // The judge agrees with the head on its surest 60% and never on the rest: the threshold
-    // that holds 90% agreement keeps those, and at most the few disagreements below them that
-    // the bound can absorb (one in 49 keeps it under 0.1, two in 50 do not).
-    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let floor = rows[ROWS * 6 / 10 + 2].1;
-    let lines: Vec<String> = rows
-        .iter()
-        .enumerate()
-        .map(|(rank, &(i, _, first))| {
-            let t = parity_trace(i);
-            let label = if rank < ROWS * 6 / 10 {
-                first
-            } else {
-                (first + 2) % 3 - 1
-            };
-            serde_json::json!({"question": t.question, "steps": t.steps, "label": label})
-                .to_string()
-        })
-        .collect();
-    let calibration = dir.join("calibration.jsonl");
-    std::fs::write(&calibration, lines.join("\n") + "\n").unwrap();
-
-    let up = Upstream::start(Fault::By(oracle)).await;
-    let text = format!(
-        "{prm}\n[[evaluator]]\nname = \"gj\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\n\
-         output = \"text\"\n\n[[evaluator]]\nname = \"gc\"\nkind = \"cascade\"\nprm = \"ghead\"\n\
-         judge = \"gj\"\ntarget_agreement = 0.9\ntarget_confidence = 0.9\ncalibration = {:?}\n",
-        up.base_url(),
-        calibration.display().to_string(),
-    );
-    let config = Config::parse(&text, "test config", &[]).unwrap();
-    let s = TestServer::start(config, retrace::default_loader()).await;
-    s.ready().await;
-    let guaranteed = [("evaluator", "gc")];
-    let metrics = s
-        .until_sample(
-            "retrace_cascade_guaranteed",
-            &guaranteed,
-            1.0,
-            Duration::from_secs(30),
-        )
-        .await;
-    let gauge = |name| sample(&metrics, name, &guaranteed).unwrap();
-    assert_eq!(gauge("retrace_cascade_calibration_rows"), ROWS as f64);
-    assert!(gauge("retrace_cascade_disagreement_bound") <= 0.1);
-    let coverage = gauge("retrace_cascade_expected_coverage");
-    assert!(coverage > 0.3 && coverage < 0.65, "coverage {coverage}");
-    let threshold = gauge("retrace_cascade_confidence_threshold");
-    assert!(
-        threshold > floor,
-        "{threshold} keeps three disagreements ({floor})"
-    );
-
-    // Fresh traces: the head decides alone exactly those whose confidence clears the threshold.
-    let before = up.bodies().len();
-    let (mut kept, mut escalated) = (0, 0);
-    for i in ROWS..ROWS + 40 {
-        let (scores, first, _) = verdict_of(&s, "ghead", parity_trace(i)).await;
-        let (_, _, path) = verdict_of(&s, "gc", parity_trace(i)).await;
-        match verdict_confidence(&scores, first) >= threshold - 1e-6 {
-            true => {
-                assert_eq!(path, pb::DecisionPath::Prm as i32, "trace {i}");
-                kept += 1;
-            }
-            false => {
-                assert_eq!(path, pb::DecisionPath::Escalated as i32, "trace {i}");
-                escalated += 1;
-            }
-        }
-    }
-    assert!(
-        kept > 0 && escalated > 0,
-        "{kept} kept, {escalated} escalated"
-    );
-    assert_eq!(
-        up.bodies().len() - before,
-        escalated,
-        "the judge saw each escalation once"
-    );
-    let list = s
-        .client()
-        .await
-        .list_evaluators(pb::ListEvaluatorsRequest {})
-        .await;
-    let info = list.unwrap().into_inner().evaluators;
-    let gc = info.iter().find(|e| e.name == "gc").unwrap();
-    assert!(gc.family.contains("keeps confidence >="), "{}", gc.family);
-    s.stop().await.unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guaranteed_cascade_with_too_few_rows_escalates_everything_and_says_so() {
-    let dir = temp("guarantee-few");
-    let head = dir.join("head");
-    head_folder(&head, 0.5, false);
-    // Twenty rows, all the head's own verdicts: perfect agreement, but 22 are the fewest that
-    // can hold 90% at 90%.
-    let calibration = dir.join("calibration.jsonl");
-    let rows: Vec<String> = (0..20)
-        .map(|i| {
-            let t = parity_trace(i);
-            serde_json::json!({"question": t.question, "steps": t.steps, "label": -1}).to_string()
-        })
-        .collect();
-    std::fs::write(&calibration, rows.join("\n")).unwrap();
-    let up = Upstream::start(Fault::By(oracle)).await;
-    let text = format!(
-        "[[evaluator]]\nname = \"fhead\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n\n\
-         [[evaluator]]\nname = \"fj\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\n\
-         output = \"text\"\n\n[[evaluator]]\nname = \"fc\"\nkind = \"cascade\"\nprm = \"fhead\"\n\
-         judge = \"fj\"\ntarget_agreement = 0.9\ncalibration = {:?}\n",
-        head.display().to_string(),
-        up.base_url(),
-        calibration.display().to_string(),
-    );
-    let config = Config::parse(&text, "test config", &[]).unwrap();
-    let s = TestServer::start(config, retrace::default_loader()).await;
-    s.ready().await;
-    let labels = [("evaluator", "fc")];
-    let metrics = s
-        .until_sample(
-            "retrace_cascade_calibration_rows",
-            &labels,
-            20.0,
-            Duration::from_secs(30),
-        )
-        .await;
-    assert_eq!(
-        sample(&metrics, "retrace_cascade_guaranteed", &labels),
-        Some(0.0)
-    );
-    for i in 100..110 {
-        let (_, _, path) = verdict_of(&s, "fc", parity_trace(i)).await;
-        assert_eq!(path, pb::DecisionPath::Escalated as i32);
-    }
-    let list = s
-        .client()
-        .await
-        .list_evaluators(pb::ListEvaluatorsRequest {})
-        .await;
-    let info = list.unwrap().into_inner().evaluators;
-    let fc = info.iter().find(|e| e.name == "fc").unwrap();
-    assert!(fc.family.contains("every trace escalates"), "{}", fc.family);
-    s.stop().await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }

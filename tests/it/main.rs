@@ -16,6 +16,7 @@ mod dead_model;
 mod eval;
 mod fuzz_props;
 mod gguf;
+mod guarantee;
 mod head;
 mod http;
 mod judge_faults;
