@@ -81,7 +81,7 @@ mod upstream;
 // The library's face: exactly what the tools, the tests and the fuzz targets name. Everything
 // else is the server's own, so `unreachable_pub` and dead-code lints see all of it.
 pub use api::{TraceParts, category_from_pb, pb, to_status};
-pub use cascade::{CascadeConfig, Confidence as CascadeConfidence};
+pub use cascade::CascadeConfig;
 pub use composite::CompositeConfig;
 pub use config::{
     Config, ConfigError, EvaluatorConfig, KindConfig, ServerConfig, ServerFlags, install_head,
@@ -119,6 +119,12 @@ pub use record::RecordConfig;
 pub use segment::segment;
 pub use trace::{ErrorCategory, Judgement, Step, Trace, UNLOCATED, Verdict};
 pub use upstream::{SetupError, UpstreamConfig, http_client};
+
+/// How a guaranteed cascade chooses its confidence threshold, for `retrace calibrate` to measure
+/// the same choice offline.
+pub mod guarantee {
+    pub use crate::cascade::{Calibrated, Confidence, Item, Target, choose};
+}
 
 /// The PRM defaults a tool shows as its own (`retrace bench`'s cache size).
 pub mod defaults {

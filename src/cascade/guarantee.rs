@@ -8,40 +8,40 @@
 
 /// What the cascade is asked to hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Target {
+pub struct Target {
     /// The least agreement with the judge among kept traces (`1 - alpha`).
-    pub(crate) agreement: f64,
+    pub agreement: f64,
     /// The probability the guarantee holds over the draw of calibration items (`1 - delta`).
-    pub(crate) confidence: f64,
+    pub confidence: f64,
 }
 
 /// One calibration item: the tier's confidence in its verdict, and whether that verdict was
 /// the judge's.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Item {
-    pub(crate) confidence: f64,
-    pub(crate) agrees: bool,
+pub struct Item {
+    pub confidence: f64,
+    pub agrees: bool,
 }
 
 /// The chosen threshold and what the calibration items say of it.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Calibrated {
+pub struct Calibrated {
     /// Keep a trace whose confidence is at least this; `None`: no threshold passed (too few
     /// items, or too many disagreements at every one), so every trace escalates.
-    pub(crate) threshold: Option<f64>,
+    pub threshold: Option<f64>,
     /// Calibration items in all.
-    pub(crate) items: usize,
+    pub items: usize,
     /// Of those, kept at the threshold, and how many of the kept disagreed.
-    pub(crate) kept: usize,
-    pub(crate) disagreements: usize,
+    pub kept: usize,
+    pub disagreements: usize,
     /// The upper bound on the kept traces' disagreement rate, at the target's confidence
     /// (1.0 when nothing is kept).
-    pub(crate) bound: f64,
+    pub bound: f64,
 }
 
 impl Calibrated {
     /// The share of traces the tier is expected to decide alone: its share of the items.
-    pub(crate) fn coverage(&self) -> f64 {
+    pub fn coverage(&self) -> f64 {
         match self.items {
             0 => 0.0,
             n => self.kept as f64 / n as f64,
@@ -50,7 +50,7 @@ impl Calibrated {
 
     /// The fewest items that could ever pass at this target: with none disagreeing, the bound
     /// reaches `alpha` only past this many kept.
-    pub(crate) fn fewest(target: Target) -> usize {
+    pub fn fewest(target: Target) -> usize {
         let (alpha, delta) = (1.0 - target.agreement, 1.0 - target.confidence);
         // With no disagreement the bound is 1 - delta^(1/n).
         (delta.ln() / (1.0 - alpha).ln()).ceil() as usize
@@ -61,7 +61,7 @@ impl Calibrated {
 /// stopping at the first that fails. Candidates are the items' distinct confidences where at
 /// least `Calibrated::fewest` items are kept (a threshold keeping fewer cannot pass, and would
 /// stop the testing before any could).
-pub(crate) fn choose(items: &[Item], target: Target) -> Calibrated {
+pub fn choose(items: &[Item], target: Target) -> Calibrated {
     let alpha = 1.0 - target.agreement;
     let delta = 1.0 - target.confidence;
     let mut sorted: Vec<Item> = items

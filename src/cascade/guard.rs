@@ -40,7 +40,7 @@ pub enum Confidence {
 
 impl Confidence {
     /// The confidence of the verdict that `scores` give at `threshold`.
-    pub(crate) fn of(self, scores: &[f32], first_error: Option<usize>, threshold: f32) -> f64 {
+    pub fn of(self, scores: &[f32], first_error: Option<usize>, threshold: f32) -> f64 {
         let deciding = first_error
             .map_or(scores.len(), |k| k + 1)
             .min(scores.len());

@@ -5,6 +5,7 @@ mod audit;
 mod guarantee;
 mod guard;
 
+pub use guarantee::{Calibrated, Item, Target, choose};
 pub use guard::Confidence;
 
 use crate::engine::{Description, EngineError, Evaluator, Job, Loaded, NotLoaded, wrapped};
@@ -14,7 +15,6 @@ use crate::rule::{Refused, refuse};
 use crate::trace::{DecisionPath, ErrorCategory, Judgement};
 use audit::AuditConfig;
 use futures::future::BoxFuture;
-use guarantee::Target;
 use guard::{Guard, GuardConfig};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

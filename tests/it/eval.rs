@@ -516,6 +516,8 @@ async fn eval_and_calibrate_run_end_to_end_against_a_server() {
             "5",
             "--skip-bad",
             "--per-split",
+            "--target-agreement",
+            "0.9",
             "--out",
             &cal_out.display().to_string(),
         ]
@@ -538,6 +540,15 @@ async fn eval_and_calibrate_run_end_to_end_against_a_server() {
     assert_eq!(choice.f1, 100.0);
     assert!(printed > 0.1 && printed <= 0.9, "{printed}");
     assert_eq!(rows_of(&cal_out.join("fake/test.jsonl")).len(), 5);
+    // Three calibration rows cannot hold 90% agreement at 90% (22 are the fewest): no
+    // confidence threshold for either reading, and no config line for one.
+    let guarantee = std::fs::read_to_string(cal_out.join("fake/guarantee.txt")).unwrap();
+    assert!(stdout.contains(&guarantee), "{stdout}");
+    for kind in ["verdict", "margin"] {
+        let row = guarantee.lines().find(|l| l.starts_with(kind)).unwrap();
+        assert!(row.contains("none") && row.contains("0/3"), "{guarantee}");
+    }
+    assert!(!guarantee.contains("target_agreement = "), "{guarantee}");
     assert!(
         std::fs::read_to_string(cal_out.join("fake/report.html"))
             .unwrap()

@@ -341,6 +341,8 @@ async fn eval_tables_best_of_n_by_both_scores_and_calibrate_refuses_an_outcome_m
         test_on: vec![],
         evaluator: vec!["rm".into()],
         per_split: false,
+        target_agreement: None,
+        target_confidence: None,
         out: dir.join("cal"),
         connect: connect(cfg),
     };

@@ -1,7 +1,9 @@
 //! `retrace eval` and `retrace calibrate`: their options (clap) and their flow: connect, score
 //! (resumably), analyse the predictions file, write the report, print the headline. What they
 //! stand on (datasets, the client and run driver, the metric, reports) is the tools' floor,
-//! `common/`.
+//! `common/`. `guarantee.rs`: what a guaranteed cascade would keep, measured offline.
+
+mod guarantee;
 
 use crate::common::run::score;
 use crate::common::{
@@ -48,12 +50,30 @@ pub struct CalibrateOptions {
     /// Also report each split's own best threshold.
     #[arg(long)]
     pub per_split: bool,
+    /// Also choose the confidence threshold a cascade with this target_agreement would keep
+    /// PRM verdicts above (the labels standing for its judge's), for each way of reading
+    /// confidence, and measure it on --test-on: the share kept and their agreement.
+    #[arg(long, value_parser = probability)]
+    pub target_agreement: Option<f64>,
+    /// The guarantee's probability (target_confidence) [default: 0.9].
+    #[arg(long, value_parser = probability, requires = "target_agreement")]
+    pub target_confidence: Option<f64>,
     /// Output folder: one subfolder per evaluator with the cached scores
     /// (calibration.jsonl, test.jsonl; reused on rerun) and the report.
     #[arg(long, default_value = "retrace-calibrate")]
     pub out: PathBuf,
     #[command(flatten)]
     pub connect: ConnectOptions,
+}
+
+/// A probability strictly inside (0, 1).
+fn probability(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if p > 0.0 && p < 1.0 => Ok(p),
+        _ => Err(format!(
+            "{s:?} is not a probability strictly between 0 and 1"
+        )),
+    }
 }
 
 /// What `eval` produced.
@@ -300,6 +320,20 @@ async fn calibrate_one(
     };
     write_report(&dir, &report, &choice)?;
     print_choice(&result, &dir);
+    if let Some(agreement) = opts.target_agreement {
+        let target = retrace::guarantee::Target {
+            agreement,
+            confidence: opts.target_confidence.unwrap_or(0.9),
+        };
+        let measured = guarantee::measure(target, &cal_rows, test_rows.as_deref());
+        let text = guarantee::render(target, &measured);
+        print!("{text}");
+        let path = dir.join("guarantee.txt");
+        std::fs::write(&path, &text).map_err(|source| EvalError::Io {
+            what: format!("writing {}", shown(&path)),
+            source,
+        })?;
+    }
     Ok(result)
 }
 
