@@ -109,7 +109,7 @@ pub use prm::format::{
 };
 pub use prm::head::{
     DataFile as HeadDataFile, HEAD_VERSION, HeadConfig, HeadKind, LabelCounts,
-    Layers as HeadLayers, Pool,
+    Layers as HeadLayers, Pool, References,
 };
 pub use prm::{
     Backend, BatchError, CandleConfig, DeviceSpec, Dtype, Limits, PrmConfig, PrmError,

@@ -138,6 +138,73 @@ pub struct LabelCounts {
     pub wrong_steps: usize,
     pub traces: usize,
     pub all_correct_traces: usize,
+    /// Traces that carried a reference answer, which the format puts in the prompt: a head
+    /// trained with them reads their features, one trained without does not. Unset in folders
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub with_reference: Option<usize>,
+}
+
+/// Whether a head's training traces carried reference answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum References {
+    None,
+    Some,
+    All,
+}
+
+/// Says, once, when a head serves traces unlike those it was trained on in their reference
+/// answers: the format puts a reference in the prompt, so the features differ with and
+/// without one, and so does what the head learned to read.
+#[derive(Debug, Default)]
+pub(crate) struct ReferenceWatch {
+    trained: Option<References>,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl ReferenceWatch {
+    pub(crate) fn new(counts: Option<&LabelCounts>) -> Self {
+        ReferenceWatch {
+            trained: counts.and_then(LabelCounts::references),
+            warned: Default::default(),
+        }
+    }
+
+    /// Whether a trace with (`with`) or without a reference is unlike the training traces.
+    pub(crate) fn differs(&self, with: bool) -> bool {
+        matches!(
+            (self.trained, with),
+            (Some(References::None), true) | (Some(References::All), false)
+        )
+    }
+
+    /// Warns the first time a trace differs.
+    pub(crate) fn check(&self, evaluator: &str, with: bool) {
+        use std::sync::atomic::Ordering;
+        if self.differs(with) && !self.warned.swap(true, Ordering::Relaxed) {
+            let (trained, served) = match with {
+                true => ("without reference answers", "with one"),
+                false => ("with reference answers", "without one"),
+            };
+            tracing::warn!(
+                evaluator,
+                "this head was trained {trained}, and serves a trace {served}: its scores may \
+                 not be what its training measured (the reward routes send none unless \
+                 [reward] labels = \"reference\"); said once"
+            );
+        }
+    }
+}
+
+impl LabelCounts {
+    /// What the training traces carried; None where it was not recorded.
+    pub fn references(&self) -> Option<References> {
+        Some(match self.with_reference? {
+            0 => References::None,
+            n if n >= self.traces => References::All,
+            _ => References::Some,
+        })
+    }
 }
 
 /// A data file a head was trained or tuned on.

@@ -311,3 +311,37 @@ fn pools_name_one_per_group_and_spans_only_where_the_format_marks_them() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_committed_default_heads_folder_reads_and_writes_byte_identically() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("heads/smollm2/config.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let config: HeadConfig = serde_json::from_str(&text).unwrap();
+    assert_eq!(config.to_json(), text);
+    // Written before the record of reference answers: none is claimed for it.
+    assert_eq!(config.label_counts.unwrap().references(), None);
+}
+
+#[test]
+fn a_head_says_once_when_it_serves_traces_unlike_its_training_in_their_references() {
+    let counts = |traces, with| LabelCounts {
+        traces,
+        with_reference: with,
+        ..LabelCounts::default()
+    };
+    let without = ReferenceWatch::new(Some(&counts(10, Some(0))));
+    assert!(without.differs(true) && !without.differs(false));
+    let with = ReferenceWatch::new(Some(&counts(10, Some(10))));
+    assert!(with.differs(false) && !with.differs(true));
+    // Trained on both, or not recorded: nothing to say.
+    for watch in [
+        ReferenceWatch::new(Some(&counts(10, Some(4)))),
+        ReferenceWatch::new(Some(&counts(10, None))),
+        ReferenceWatch::new(None),
+    ] {
+        assert!(!watch.differs(true) && !watch.differs(false));
+    }
+    // Said once: the flag is taken by the first trace that differs.
+    with.check("h", false);
+    assert!(with.warned.load(std::sync::atomic::Ordering::Relaxed));
+}

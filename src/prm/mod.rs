@@ -110,6 +110,8 @@ pub struct PrmEvaluator {
     head: Option<HeadFolder>,
     /// A trained head's base, held so that the next head on it (a reload's) shares it.
     base: Option<Arc<SharedBase>>,
+    /// A trained head's record of reference answers, against what it serves.
+    references: head::ReferenceWatch,
 }
 
 /// Loads the PRM an `[[evaluator]]` table describes (runs on a blocking thread): the checkpoint
@@ -188,6 +190,7 @@ impl PrmEvaluator {
         };
         let mut evaluator =
             Self::assemble(name, max_concurrency, cfg, dir, formatter, model, limits)?;
+        evaluator.references = head::ReferenceWatch::new(head.config.label_counts.as_ref());
         evaluator.head = Some(head);
         evaluator.base = Some(base);
         Ok(evaluator)
@@ -246,6 +249,7 @@ impl PrmEvaluator {
             limits,
             batcher,
             head: None,
+            references: head::ReferenceWatch::default(),
             base: None,
         })
     }
@@ -331,6 +335,9 @@ impl Evaluator for PrmEvaluator {
 
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
+            let reference = job.trace.reference_answer.as_deref();
+            self.references
+                .check(&self.name, reference.is_some_and(|r| !r.trim().is_empty()));
             let encoded = encode(
                 &self.name,
                 &self.formatter,

@@ -148,10 +148,17 @@ fn steps_of(
 
 /// Counts what `traces` train on.
 pub(crate) fn label_counts<'a>(traces: impl IntoIterator<Item = &'a Labelled>) -> LabelCounts {
-    let mut c = LabelCounts::default();
+    let mut c = LabelCounts {
+        with_reference: Some(0),
+        ..LabelCounts::default()
+    };
     for t in traces {
         c.traces += 1;
         c.all_correct_traces += usize::from(t.label == -1);
+        let reference = t.record.reference_answer.as_deref();
+        if reference.is_some_and(|r| !r.trim().is_empty()) {
+            c.with_reference = c.with_reference.map(|n| n + 1);
+        }
         for target in t.targets() {
             match target {
                 Target::Correct => c.correct_steps += 1,
@@ -290,9 +297,15 @@ mod tests {
                 correct_steps: 3,
                 wrong_steps: 2,
                 traces: 3,
-                all_correct_traces: 1
+                all_correct_traces: 1,
+                with_reference: Some(0),
             }
         );
+        let mut referenced = trace("d", 2, -1);
+        referenced.record.reference_answer = Some("42".into());
+        let c = label_counts(&[referenced, trace("e", 2, -1)]);
+        assert_eq!(c.with_reference, Some(1));
+        assert_eq!(c.references(), Some(retrace::References::Some));
     }
 
     #[test]
