@@ -47,10 +47,23 @@ pub async fn send(channel: Channel, request: pb::EvaluateRequest, deadline: Dura
 }
 
 /// A stream the client opened past the last one a server's GOAWAY accepts: h2 fails it with the
-/// GOAWAY's reason (NO_ERROR on a graceful shutdown), which tonic reports as INTERNAL. The server
-/// never saw the request, so it is safe to send again elsewhere.
+/// GOAWAY's reason (NO_ERROR on a graceful shutdown), or resets it REFUSED_STREAM, which tonic
+/// reports as INTERNAL. The server never saw the request, so it is safe to send again
+/// elsewhere. Read from the h2 error behind the status, not from its message's words.
 fn refused_by_goaway(status: &tonic::Status) -> bool {
-    status.code() == Code::Internal && status.message().contains("connection error received")
+    use std::error::Error;
+    let mut cause: Option<&(dyn Error + 'static)> = match Error::source(status) {
+        Some(e) => Some(e),
+        None => None,
+    };
+    while let Some(e) = cause {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            let graceful = h2.is_go_away() && h2.reason() == Some(h2::Reason::NO_ERROR);
+            return graceful || h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// The status's code, with tonic's own client timer counted as the deadline it is: the server
