@@ -52,10 +52,7 @@ pub async fn send(channel: Channel, request: pb::EvaluateRequest, deadline: Dura
 /// elsewhere. Read from the h2 error behind the status, not from its message's words.
 fn refused_by_goaway(status: &tonic::Status) -> bool {
     use std::error::Error;
-    let mut cause: Option<&(dyn Error + 'static)> = match Error::source(status) {
-        Some(e) => Some(e),
-        None => None,
-    };
+    let mut cause: Option<&(dyn Error + 'static)> = Error::source(status);
     while let Some(e) = cause {
         if let Some(h2) = e.downcast_ref::<h2::Error>() {
             let graceful = h2.is_go_away() && h2.reason() == Some(h2::Reason::NO_ERROR);
