@@ -199,13 +199,15 @@ impl Pace {
         self.lock().serving += bytes;
     }
 
-    fn finish(&self, t: &Ticket<'_>, cleared: bool, now: Instant) -> Option<f64> {
+    fn finish(&self, t: &Ticket<'_>, end: End, now: Instant) -> Option<f64> {
         let (bytes, serving) = (t.bytes, t.served_at.is_some());
+        let cleared = end == End::Answered;
         let mut s = self.lock();
-        if cleared {
-            s.failed_probes = 0;
-        } else if t.probe {
-            s.failed_probes = s.failed_probes.saturating_add(1);
+        match end {
+            End::Answered => s.failed_probes = 0,
+            End::Failed if t.probe => s.failed_probes = s.failed_probes.saturating_add(1),
+            // The caller's mistake says nothing of the evaluator's pace or health.
+            End::Failed | End::BadInput => {}
         }
         s.pending = s.pending.saturating_sub(bytes);
         s.requests = s.requests.saturating_sub(1);
@@ -403,14 +405,31 @@ impl Ticket<'_> {
     /// The work was answered; returns the pace when this closed a window.
     pub(super) fn done(mut self) -> Option<f64> {
         self.ended = true;
-        self.pace.finish(&self, true, Instant::now())
+        self.pace.finish(&self, End::Answered, Instant::now())
     }
+
+    /// The evaluator refused the input (the caller's mistake): not counted against it, as a
+    /// failure or a probe that went unanswered would be.
+    pub(super) fn bad_input(mut self) {
+        self.ended = true;
+        self.pace.finish(&self, End::BadInput, Instant::now());
+    }
+}
+
+/// How a ticket's work ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Answered,
+    /// Failed, timed out or dropped: the evaluator did not answer.
+    Failed,
+    /// Refused as bad input.
+    BadInput,
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            self.pace.finish(self, false, Instant::now());
+            self.pace.finish(self, End::Failed, Instant::now());
         }
     }
 }

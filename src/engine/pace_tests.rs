@@ -247,3 +247,29 @@ async fn in_parallel_the_pace_is_one_requests_own_and_waits_only_past_the_slots(
     assert_eq!(refused.retry_after, secs(3.0 * MARGIN - 2.0));
     assert_eq!(pace.drain(now), Some(secs(2.0)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_refused_as_bad_input_is_no_unanswered_probe() {
+    // A burst of bad input on a slowed machine: each probe the caller got wrong must not
+    // double the quiet time a real probe waits for (it says nothing of the evaluator).
+    let pace = measured(1000).await;
+    fn too_long(pace: &Pace) -> Result<Ticket<'_>, TooSlow> {
+        let now = Instant::now();
+        pace.admit_one(5000, Some(now + secs(1.0)), now)
+    }
+    for _ in 0..3 {
+        advance(PROBE_AFTER).await;
+        too_long(&pace).unwrap().bad_input();
+    }
+    advance(PROBE_AFTER).await;
+    assert!(
+        too_long(&pace).is_ok(),
+        "the next probe waits only PROBE_AFTER"
+    );
+    // A probe that goes unanswered still backs off.
+    let pace = measured(1000).await;
+    advance(PROBE_AFTER).await;
+    drop(too_long(&pace).unwrap());
+    advance(PROBE_AFTER).await;
+    assert!(too_long(&pace).is_err());
+}

@@ -217,8 +217,15 @@ impl Slot {
                     ))
                 })?,
             None => evaluator.evaluate(job).await,
-        }
-        .map_err(|e| self.when_to_return(e))?;
+        };
+        let judgement = match judgement {
+            Ok(j) => j,
+            Err(e @ (EngineError::Invalid { .. } | EngineError::TooLarge { .. })) => {
+                ticket.bad_input();
+                return Err(e);
+            }
+            Err(e) => return Err(self.when_to_return(e)),
+        };
         if let Some(rate) = ticket.done() {
             metrics::set_pace(&self.name, rate);
         }
