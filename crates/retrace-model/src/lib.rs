@@ -45,7 +45,8 @@
 //! - `checksum.rs`: a checkpoint's weights checksum, which ties a trained head to its base.
 //! - `gguf.rs`, `weights.rs`: checkpoints from GGUF files and safetensors.
 //! - `plan.rs` (a batch's layout of shared segments), `prefix_cache.rs` (what earlier batches
-//!   computed).
+//!   computed), `spans.rs` (where a step's own tokens lie among the reads, for heads that pool
+//!   over them, laid out one way for training and serving).
 
 mod batch;
 mod checksum;
