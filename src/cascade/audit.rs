@@ -87,17 +87,17 @@ struct State {
     tokens: f64,
     refilled: Option<Instant>,
     in_flight: usize,
-    tally: Tally,
+    tally: AuditTally,
 }
 
 /// Audited traces and how many the judge disagreed with, since the threshold was chosen.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Tally {
+pub(crate) struct AuditTally {
     pub audited: u64,
     pub disagreed: u64,
 }
 
-impl Tally {
+impl AuditTally {
     /// The lower bound on agreement among kept traces, at `confidence` (Clopper-Pearson);
     /// 0 before any audit.
     pub(crate) fn lower_bound(&self, confidence: f64) -> f64 {
@@ -167,7 +167,7 @@ impl Audits {
 
     /// An audit ended: `agreed` when the judge answered (whether it agreed), None when it
     /// could not. Returns the tally.
-    pub(crate) fn finish(&self, agreed: Option<bool>) -> Tally {
+    pub(crate) fn finish(&self, agreed: Option<bool>) -> AuditTally {
         let mut s = self.lock();
         s.in_flight = s.in_flight.saturating_sub(1);
         if let Some(agreed) = agreed {
@@ -182,7 +182,7 @@ impl Audits {
     pub(crate) fn restart(&self) {
         let mut s = self.lock();
         s.kept = 0;
-        s.tally = Tally::default();
+        s.tally = AuditTally::default();
     }
 }
 
@@ -248,7 +248,7 @@ mod tests {
     #[test]
     fn the_tally_bounds_agreement_from_below() {
         let audits = Audits::new(AuditConfig::of_rate(1.0));
-        let mut tally = Tally::default();
+        let mut tally = AuditTally::default();
         for i in 0..100 {
             tally = audits.finish(Some(i % 10 != 0));
         }
@@ -256,15 +256,15 @@ mod tests {
         let low = tally.lower_bound(0.9);
         // 90 of 100 agreed: the bound sits under 0.9, and over 0.85.
         assert!(low > 0.85 && low < 0.9, "{low}");
-        assert_eq!(Tally::default().lower_bound(0.9), 0.0);
+        assert_eq!(AuditTally::default().lower_bound(0.9), 0.0);
         // And above: 0.9 is within what 90 of 100 allow; 70 of 100 rule it out.
         assert!(tally.upper_bound(0.9) > 0.9);
-        let poor = Tally {
+        let poor = AuditTally {
             audited: 100,
             disagreed: 30,
         };
         assert!(poor.upper_bound(0.9) < 0.9, "{}", poor.upper_bound(0.9));
-        assert_eq!(Tally::default().upper_bound(0.9), 1.0);
+        assert_eq!(AuditTally::default().upper_bound(0.9), 1.0);
         assert_eq!(audits.finish(None), tally, "a failed audit is no verdict");
     }
 

@@ -8,7 +8,7 @@
 
 /// What the cascade is asked to hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Target {
+pub struct AgreementTarget {
     /// The least agreement with the judge among kept traces (`1 - alpha`).
     pub agreement: f64,
     /// The probability the guarantee holds over the draw of calibration items (`1 - delta`).
@@ -18,14 +18,14 @@ pub struct Target {
 /// One calibration item: the tier's confidence in its verdict, and whether that verdict was
 /// the judge's.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Item {
+pub struct CalibrationItem {
     pub confidence: f64,
     pub agrees: bool,
 }
 
 /// The chosen threshold and what the calibration items say of it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Calibrated {
+pub struct GuaranteedThreshold {
     /// Keep a trace whose confidence is at least this; `None`: no threshold passed (too few
     /// items, or too many disagreements at every one), so every trace escalates.
     pub threshold: Option<f64>,
@@ -39,7 +39,7 @@ pub struct Calibrated {
     pub bound: f64,
 }
 
-impl Calibrated {
+impl GuaranteedThreshold {
     /// The share of traces the tier is expected to decide alone: its share of the items.
     pub fn coverage(&self) -> f64 {
         match self.items {
@@ -50,7 +50,7 @@ impl Calibrated {
 
     /// The fewest items that could ever pass at this target: with none disagreeing, the bound
     /// reaches `alpha` only past this many kept.
-    pub fn fewest(target: Target) -> usize {
+    pub fn fewest(target: AgreementTarget) -> usize {
         let (alpha, delta) = (1.0 - target.agreement, 1.0 - target.confidence);
         // With no disagreement the bound is 1 - delta^(1/n).
         (delta.ln() / (1.0 - alpha).ln()).ceil() as usize
@@ -59,18 +59,18 @@ impl Calibrated {
 
 /// Chooses the lowest threshold whose kept items pass, testing from the highest down and
 /// stopping at the first that fails. Candidates are the items' distinct confidences where at
-/// least `Calibrated::fewest` items are kept (a threshold keeping fewer cannot pass, and would
+/// least `GuaranteedThreshold::fewest` items are kept (a threshold keeping fewer cannot pass, and would
 /// stop the testing before any could).
-pub fn choose(items: &[Item], target: Target) -> Calibrated {
+pub fn choose(items: &[CalibrationItem], target: AgreementTarget) -> GuaranteedThreshold {
     let alpha = 1.0 - target.agreement;
     let delta = 1.0 - target.confidence;
-    let mut sorted: Vec<Item> = items
+    let mut sorted: Vec<CalibrationItem> = items
         .iter()
         .copied()
         .filter(|i| i.confidence.is_finite())
         .collect();
     sorted.sort_by(|a, b| b.confidence.total_cmp(&a.confidence));
-    let fewest = Calibrated::fewest(target).max(1);
+    let fewest = GuaranteedThreshold::fewest(target).max(1);
     let (mut kept, mut disagreements) = (0, 0);
     let mut chosen = None;
     let mut i = 0;
@@ -93,14 +93,14 @@ pub fn choose(items: &[Item], target: Target) -> Calibrated {
         chosen = Some((at, kept, disagreements));
     }
     match chosen {
-        Some((at, kept, disagreements)) => Calibrated {
+        Some((at, kept, disagreements)) => GuaranteedThreshold {
             threshold: Some(at),
             items: items.len(),
             kept,
             disagreements,
             bound: upper_bound(disagreements, kept, delta),
         },
-        None => Calibrated {
+        None => GuaranteedThreshold {
             threshold: None,
             items: items.len(),
             kept: 0,

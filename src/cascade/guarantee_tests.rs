@@ -3,7 +3,7 @@
 
 use super::*;
 
-const TENTH: Target = Target {
+const TENTH: AgreementTarget = AgreementTarget {
     agreement: 0.9,
     confidence: 0.9,
 };
@@ -20,9 +20,9 @@ fn the_bound_is_clopper_pearsons() {
         assert!((upper_bound(0, n, 0.1) - closed).abs() < 1e-9, "{n}");
     }
     assert!(upper_bound(0, 22, 0.1) <= 0.1 && upper_bound(0, 21, 0.1) > 0.1);
-    assert_eq!(Calibrated::fewest(TENTH), 22);
+    assert_eq!(GuaranteedThreshold::fewest(TENTH), 22);
     let strict = |agreement, confidence| {
-        Calibrated::fewest(Target {
+        GuaranteedThreshold::fewest(AgreementTarget {
             agreement,
             confidence,
         })
@@ -49,12 +49,12 @@ impl Draws {
 
 /// Confidence uniform on [0, 1], agreement with probability 0.6 + 0.4c: among the items kept
 /// at threshold t, agreement is 0.8 + 0.2t, at least 0.9 exactly when t >= 0.5.
-fn calibration_set(draws: &mut Draws, n: usize) -> Vec<Item> {
+fn calibration_set(draws: &mut Draws, n: usize) -> Vec<CalibrationItem> {
     (0..n)
         .map(|_| {
             let confidence = draws.uniform();
             let agrees = draws.uniform() < 0.6 + 0.4 * confidence;
-            Item { confidence, agrees }
+            CalibrationItem { confidence, agrees }
         })
         .collect()
 }
@@ -84,20 +84,23 @@ fn kept_items_agree_at_the_target_in_at_least_the_targets_share_of_draws() {
 fn too_few_items_or_none_passing_keeps_nothing() {
     let mut draws = Draws(0x9e37_79b9_7f4a_7c15);
     let few = calibration_set(&mut draws, 21);
-    let all_agree: Vec<Item> = few.iter().map(|i| Item { agrees: true, ..*i }).collect();
+    let all_agree: Vec<CalibrationItem> = few
+        .iter()
+        .map(|i| CalibrationItem { agrees: true, ..*i })
+        .collect();
     let c = choose(&all_agree, TENTH);
     assert_eq!((c.threshold, c.kept, c.coverage()), (None, 0, 0.0));
     // 22 that all agree pass, keeping all of them.
     let mut enough = all_agree.clone();
-    enough.push(Item {
+    enough.push(CalibrationItem {
         confidence: -1.0,
         agrees: true,
     });
     let c = choose(&enough, TENTH);
     assert_eq!((c.threshold, c.kept), (Some(-1.0), 22));
     // A tier that disagrees a third of the time at every confidence never passes.
-    let poor: Vec<Item> = (0..3000)
-        .map(|i| Item {
+    let poor: Vec<CalibrationItem> = (0..3000)
+        .map(|i| CalibrationItem {
             confidence: draws.uniform(),
             agrees: i % 3 != 0,
         })
@@ -110,23 +113,23 @@ fn too_few_items_or_none_passing_keeps_nothing() {
 fn testing_stops_at_the_first_threshold_that_fails() {
     // The most confident 30 agree, the next 10 all disagree, the 360 below all agree: the
     // lowest threshold would pass on its own (10 of 400), but testing stopped above it.
-    let mut items: Vec<Item> = (0..30)
-        .map(|i| Item {
+    let mut items: Vec<CalibrationItem> = (0..30)
+        .map(|i| CalibrationItem {
             confidence: 0.9 + i as f64 * 1e-3,
             agrees: true,
         })
         .collect();
-    items.extend((0..10).map(|i| Item {
+    items.extend((0..10).map(|i| CalibrationItem {
         confidence: 0.8 + i as f64 * 1e-3,
         agrees: false,
     }));
-    items.extend((0..360).map(|i| Item {
+    items.extend((0..360).map(|i| CalibrationItem {
         confidence: 0.1 + i as f64 * 1e-3,
         agrees: true,
     }));
-    let alone: Vec<Item> = items
+    let alone: Vec<CalibrationItem> = items
         .iter()
-        .map(|i| Item {
+        .map(|i| CalibrationItem {
             confidence: 0.5,
             ..*i
         })

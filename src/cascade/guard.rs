@@ -6,8 +6,8 @@
 //! kept traces no longer agree at the target (drift), every trace escalates again until enough
 //! of them, each judged, choose a new threshold.
 
-use super::audit::{AuditConfig, Audits, Draw, Tally};
-use super::guarantee::{self, Calibrated, Item, Target};
+use super::audit::{AuditConfig, AuditTally, Audits, Draw};
+use super::guarantee::{self, AgreementTarget, CalibrationItem, GuaranteedThreshold};
 use crate::dataset::{DataError, Record, read_records};
 use crate::engine::{Evaluator, Job};
 use crate::metrics;
@@ -64,7 +64,7 @@ impl Confidence {
 /// What the cascade asks of its guarantee, from its config.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct GuardConfig {
-    pub target: Target,
+    pub target: AgreementTarget,
     pub confidence: Confidence,
     pub rows: PathBuf,
     /// The cascade's configured threshold, if any: what the gauges and the log report at.
@@ -85,18 +85,18 @@ pub(crate) struct Guard {
 #[derive(Default)]
 struct State {
     /// The rows as the PRM scored them, and which PRM (its generation) did.
-    scored: Option<(u64, Arc<Vec<Scored>>)>,
+    scored: Option<(u64, Arc<Vec<ScoredRow>>)>,
     /// A scoring runs (for this generation).
     scoring: Option<u64>,
     /// The last threshold's choice: requests nearly always carry the cascade's own.
-    chosen: Option<(u32, Arc<Calibrated>)>,
+    chosen: Option<(u32, Arc<GuaranteedThreshold>)>,
     /// The audits showed drift: every trace escalates, and each judged one gathers here until
     /// there are enough to choose again.
-    drifted: Option<Vec<Scored>>,
+    drifted: Option<Vec<ScoredRow>>,
 }
 
 /// One calibration row: the PRM's step scores and the judge's first error.
-pub(crate) struct Scored {
+pub(crate) struct ScoredRow {
     scores: Vec<f32>,
     label: Option<usize>,
 }
@@ -104,7 +104,7 @@ pub(crate) struct Scored {
 impl Guard {
     pub(crate) fn new(cascade: &str, config: GuardConfig, prm: Arc<dyn Evaluator>) -> Arc<Guard> {
         if let Some(a) = &config.audit {
-            audited_gauges(cascade, config.target, Tally::default(), a.rate);
+            audited_gauges(cascade, config.target, AuditTally::default(), a.rate);
         }
         Arc::new(Guard {
             cascade: cascade.to_string(),
@@ -139,7 +139,7 @@ impl Guard {
     }
 
     /// The choice at `threshold` on rows the serving PRM scored; None while they are scored.
-    fn calibrated(self: &Arc<Self>, threshold: f32) -> Option<Arc<Calibrated>> {
+    fn calibrated(self: &Arc<Self>, threshold: f32) -> Option<Arc<GuaranteedThreshold>> {
         let generation = self.prm.generation();
         let rows = {
             let mut state = self.lock();
@@ -169,12 +169,12 @@ impl Guard {
     }
 
     /// Chooses the confidence threshold on `rows` at `threshold`, and says so.
-    fn choose(&self, rows: &[Scored], threshold: f32) -> Calibrated {
-        let items: Vec<Item> = rows
+    fn choose(&self, rows: &[ScoredRow], threshold: f32) -> GuaranteedThreshold {
+        let items: Vec<CalibrationItem> = rows
             .iter()
             .map(|r| {
                 let verdict = Judgement::from_scores(r.scores.clone(), threshold).first_error;
-                Item {
+                CalibrationItem {
                     confidence: self.config.confidence.of(&r.scores, verdict, threshold),
                     agrees: verdict == r.label,
                 }
@@ -190,7 +190,7 @@ impl Guard {
             ),
             None => tracing::warn!(
                 cascade = %self.cascade, prm_threshold = threshold, rows = c.items,
-                fewest = Calibrated::fewest(self.config.target),
+                fewest = GuaranteedThreshold::fewest(self.config.target),
                 "cascade calibration: no threshold holds the target on these rows; every trace escalates"
             ),
         }
@@ -239,7 +239,7 @@ impl Guard {
 
     /// The calibration rows as the PRM scores them; a row that cannot be read or scored is
     /// logged and left out (the rest still calibrate; too few of them escalate everything).
-    async fn score(&self) -> Vec<Scored> {
+    async fn score(&self) -> Vec<ScoredRow> {
         let path = self.config.rows.clone();
         let read = tokio::task::spawn_blocking(move || read_rows(&path)).await;
         let rows = match read {
@@ -266,7 +266,7 @@ impl Guard {
         let mut results = futures::stream::iter(jobs).buffered(SCORING_AT_ONCE);
         while let Some((result, label)) = results.next().await {
             match result {
-                Ok(j) if !j.step_scores.is_empty() => scored.push(Scored {
+                Ok(j) if !j.step_scores.is_empty() => scored.push(ScoredRow {
                     scores: j.step_scores,
                     label,
                 }),
@@ -335,7 +335,7 @@ impl Guard {
         let Some(gathered) = state.drifted.as_mut() else {
             return;
         };
-        gathered.push(Scored { scores, label });
+        gathered.push(ScoredRow { scores, label });
         if gathered.len() < needed {
             return;
         }
@@ -394,7 +394,7 @@ impl Guard {
     }
 }
 
-fn audited_gauges(cascade: &str, target: Target, tally: Tally, share: f64) {
+fn audited_gauges(cascade: &str, target: AgreementTarget, tally: AuditTally, share: f64) {
     let audited = metrics::Audited {
         target: target.agreement,
         audited: tally.audited,

@@ -5,7 +5,7 @@ mod audit;
 mod guarantee;
 mod guard;
 
-pub use guarantee::{Calibrated, Item, Target, choose};
+pub use guarantee::{AgreementTarget, CalibrationItem, GuaranteedThreshold, choose};
 pub use guard::Confidence;
 
 use crate::engine::{Description, EngineError, Evaluator, Job, Loaded, NotLoaded, wrapped};
@@ -150,7 +150,7 @@ impl CascadeConfig {
     /// The guarantee's settings, when `target_agreement` asks for one.
     fn guard(&self, threshold: Option<f32>) -> Option<GuardConfig> {
         Some(GuardConfig {
-            target: Target {
+            target: AgreementTarget {
                 agreement: self.target_agreement?,
                 confidence: self.target_confidence.unwrap_or(TARGET_CONFIDENCE),
             },

@@ -178,8 +178,8 @@ impl Pace {
         Some(Duration::from_secs_f64(ahead as f64 / rate))
     }
 
-    fn shape(&self) -> Shape {
-        Shape {
+    fn shape(&self) -> PaceShape {
+        PaceShape {
             concurrency: self.concurrency,
             sharing: self.sharing,
         }
@@ -294,7 +294,7 @@ impl State {
     fn check(
         &self,
         bytes: u64,
-        shape: Shape,
+        shape: PaceShape,
         deadline: Option<Instant>,
         now: Instant,
     ) -> Result<bool, TooSlow> {
@@ -336,7 +336,7 @@ impl State {
 
     /// The work a new request waits behind. Batched, all that is ahead of it; in parallel,
     /// nothing while a slot is free, else what is ahead shared among the slots.
-    fn queued(&self, rate: f64, shape: Shape, now: Instant) -> u64 {
+    fn queued(&self, rate: f64, shape: PaceShape, now: Instant) -> u64 {
         let ahead = self.ahead(rate, now);
         match shape.sharing {
             Sharing::Batched => ahead,
@@ -378,7 +378,7 @@ impl State {
 
 /// What the estimate needs of the evaluator beside its state.
 #[derive(Debug, Clone, Copy)]
-struct Shape {
+struct PaceShape {
     concurrency: usize,
     sharing: Sharing,
 }

@@ -5,13 +5,15 @@
 //! (a judge's recorded rows, or gold labels as an oracle judge).
 
 use crate::common::Row;
-use retrace::guarantee::{Calibrated, Confidence, Item, Target, choose};
+use retrace::guarantee::{
+    AgreementTarget, CalibrationItem, Confidence, GuaranteedThreshold, choose,
+};
 
 /// One way of reading confidence, chosen on the calibration rows and measured on the test rows.
 #[derive(Debug, Clone)]
 pub(super) struct GuaranteeRow {
     pub(super) confidence: Confidence,
-    pub(super) calibrated: Calibrated,
+    pub(super) calibrated: GuaranteedThreshold,
     /// On the test rows: kept, of which agreeing, of how many rows.
     pub(super) test: Option<(usize, usize, usize)>,
     /// How well the confidence ranks agreeing verdicts above disagreeing ones on the test rows
@@ -21,13 +23,13 @@ pub(super) struct GuaranteeRow {
 
 /// The rows' items at each row's served threshold: the verdict's confidence and whether it
 /// is the label. A failed row is no item.
-fn items(rows: &[Row], confidence: Confidence) -> Vec<Item> {
+fn items(rows: &[Row], confidence: Confidence) -> Vec<CalibrationItem> {
     rows.iter()
         .filter_map(|r| {
             let prediction = r.prediction?;
             let threshold = r.threshold?;
             let first = usize::try_from(prediction).ok();
-            Some(Item {
+            Some(CalibrationItem {
                 confidence: confidence.of(&r.step_scores, first, threshold),
                 agrees: prediction == r.label,
             })
@@ -36,14 +38,18 @@ fn items(rows: &[Row], confidence: Confidence) -> Vec<Item> {
 }
 
 /// Every way of reading confidence, at `target`.
-pub(super) fn measure(target: Target, cal: &[Row], test: Option<&[Row]>) -> Vec<GuaranteeRow> {
+pub(super) fn measure(
+    target: AgreementTarget,
+    cal: &[Row],
+    test: Option<&[Row]>,
+) -> Vec<GuaranteeRow> {
     [Confidence::Verdict, Confidence::Margin]
         .into_iter()
         .map(|confidence| {
             let calibrated = choose(&items(cal, confidence), target);
             let held = test.map(|rows| items(rows, confidence));
             let test = held.as_ref().map(|items| {
-                let kept: Vec<&Item> = match calibrated.threshold {
+                let kept: Vec<&CalibrationItem> = match calibrated.threshold {
                     Some(t) => items.iter().filter(|i| i.confidence >= t).collect(),
                     None => Vec::new(),
                 };
@@ -63,8 +69,8 @@ pub(super) fn measure(target: Target, cal: &[Row], test: Option<&[Row]>) -> Vec<
 
 /// P(an agreeing item's confidence > a disagreeing one's), ties counting half; None without
 /// both kinds.
-pub(super) fn auroc(items: &[Item]) -> Option<f64> {
-    let mut sorted: Vec<&Item> = items.iter().collect();
+pub(super) fn auroc(items: &[CalibrationItem]) -> Option<f64> {
+    let mut sorted: Vec<&CalibrationItem> = items.iter().collect();
     sorted.sort_by(|a, b| a.confidence.total_cmp(&b.confidence));
     let (pos, neg) = (
         sorted.iter().filter(|i| i.agrees).count() as f64,
@@ -90,7 +96,7 @@ pub(super) fn auroc(items: &[Item]) -> Option<f64> {
 
 /// The table, and the config lines for the way that kept the most held-out rows (else the
 /// most calibration rows).
-pub(super) fn render(target: Target, rows: &[GuaranteeRow]) -> String {
+pub(super) fn render(target: AgreementTarget, rows: &[GuaranteeRow]) -> String {
     let pct = |a: usize, b: usize| match b {
         0 => "-".to_string(),
         _ => format!("{:.1}%", 100.0 * a as f64 / b as f64),
@@ -145,7 +151,7 @@ mod tests {
 
     #[test]
     fn auroc_counts_pairs_and_halves_ties() {
-        let item = |confidence, agrees| Item { confidence, agrees };
+        let item = |confidence, agrees| CalibrationItem { confidence, agrees };
         assert_eq!(auroc(&[item(0.9, true), item(0.1, false)]), Some(1.0));
         assert_eq!(auroc(&[item(0.1, true), item(0.9, false)]), Some(0.0));
         assert_eq!(auroc(&[item(0.5, true), item(0.5, false)]), Some(0.5));

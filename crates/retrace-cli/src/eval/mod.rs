@@ -321,7 +321,7 @@ async fn calibrate_one(
     write_report(&dir, &report, &choice)?;
     print_choice(&result, &dir);
     if let Some(agreement) = opts.target_agreement {
-        let target = retrace::guarantee::Target {
+        let target = retrace::guarantee::AgreementTarget {
             agreement,
             confidence: opts.target_confidence.unwrap_or(0.9),
         };
