@@ -150,7 +150,8 @@ impl Pace {
     }
 
     /// `admit` for one trace.
-    pub(super) fn admit_one(
+    #[cfg(test)]
+    fn admit_one(
         &self,
         bytes: u64,
         deadline: Option<Instant>,

@@ -190,8 +190,11 @@ impl Engine {
         let origin = request.origin.clone();
         slot.check_limits(&request.trace)
             .map_err(|e| origin.locate(e))?;
-        let _permit = self.admit(slot, 1, &origin.at)?;
-        let ticket = slot.paced_one(request.trace.byte_len(), request.deadline)?;
+        let (_permit, mut tickets) =
+            self.admission(slot, std::slice::from_ref(&request), &origin.at)?;
+        let ticket = tickets
+            .pop()
+            .ok_or_else(|| EngineError::Internal("admission gave no ticket".into()))?;
         slot.run(request, ticket)
             .await
             .map_err(|e| origin.locate(e))
@@ -234,12 +237,7 @@ impl Engine {
                 Err(e) => settled.push(Some(settle(Err(r.origin.locate(e)))?)),
             }
         }
-        let _permit = match admitted.is_empty() {
-            true => None,
-            false => Some(self.admit(slot, admitted.len(), list)?),
-        };
-        let sizes: Vec<usize> = admitted.iter().map(|r| r.trace.byte_len()).collect();
-        let tickets = slot.paced(&sizes, admitted.iter().filter_map(|r| r.deadline).min())?;
+        let (_permit, tickets) = self.admission(slot, &admitted, list)?;
         let settle = &settle;
         let runs = admitted
             .into_iter()
@@ -256,6 +254,26 @@ impl Engine {
             .ok_or_else(|| EngineError::Internal("a request of the batch went unanswered".into()))
     }
 
+    /// The one admission step, for one request or a batch (all or none): room among the
+    /// server's `max_in_flight` (refused at once, never queued), then the evaluator's pace (all
+    /// can finish before the earliest deadline). Limits are checked before, per request, since
+    /// a reward batch settles a trace over them apart. Returns the permit, held while they run,
+    /// and each request's pace ticket, in order; nothing for an empty batch.
+    fn admission<'s>(
+        &self,
+        slot: &'s Slot,
+        requests: &[Request],
+        field: &FieldPath,
+    ) -> Result<(Option<impl Sized + use<>>, Vec<super::pace::Ticket<'s>>), EngineError> {
+        if requests.is_empty() {
+            return Ok((None, Vec::new()));
+        }
+        let permit = self.admit(slot, requests.len(), field)?;
+        let sizes: Vec<usize> = requests.iter().map(|r| r.trace.byte_len()).collect();
+        let deadline = requests.iter().filter_map(|r| r.deadline).min();
+        Ok((Some(permit), slot.paced(&sizes, deadline)?))
+    }
+
     fn slot(&self, requested: &str) -> Result<&Slot, EngineError> {
         let name = self.resolve_name(requested)?;
         Ok(&self.slots[name])
@@ -268,7 +286,7 @@ impl Engine {
         slot: &Slot,
         n: usize,
         field: &FieldPath,
-    ) -> Result<(OwnedSemaphorePermit, GaugeGuard<impl Fn(f64)>), EngineError> {
+    ) -> Result<(OwnedSemaphorePermit, GaugeGuard<impl Fn(f64) + use<>>), EngineError> {
         let n32 = u32::try_from(n).unwrap_or(u32::MAX);
         if n > self.max_in_flight {
             return Err(EngineError::invalid(

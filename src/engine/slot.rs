@@ -132,17 +132,6 @@ impl Slot {
             .map_err(|t| self.too_slow(t, sizes.iter().sum()))
     }
 
-    /// `paced` for one trace.
-    pub(super) fn paced_one(
-        &self,
-        bytes: usize,
-        deadline: Option<Instant>,
-    ) -> Result<Ticket<'_>, EngineError> {
-        self.pace
-            .admit_one(pace::work(bytes), deadline, Instant::now())
-            .map_err(|t| self.too_slow(t, pace::work(bytes)))
-    }
-
     /// The refusal of `bytes` of work that would miss its deadline, counted as a drop.
     fn too_slow(&self, t: TooSlow, bytes: u64) -> EngineError {
         metrics::record_dropped(&self.name, "would_miss_deadline");
