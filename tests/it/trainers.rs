@@ -484,8 +484,9 @@ async fn samples_answered_in_time_keep_their_rewards() {
     assert_eq!(got["rewards"][1 - late], json!(0.5));
     assert_eq!(got["extra_logs"]["first_error_index"][1 - late], json!(1));
     // The late sample has no verdict, and says so: no first error (-1 would read "every
-    // step holds", 0 "the first is wrong") and no trace score (-1 is no probability).
-    assert_eq!(got["extra_logs"]["first_error_index"][late], json!(-2));
+    // step holds", 0 "the first is wrong", -2 "wrong, no step named") and no trace score (-1
+    // is no probability).
+    assert_eq!(got["extra_logs"]["first_error_index"][late], json!(-3));
     assert_eq!(got["extra_logs"]["trace_score"][late], json!(-1.0));
     assert_eq!(got["extra_logs"]["step_count"][late], json!(0));
     s.stop().await.unwrap();

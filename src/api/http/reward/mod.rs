@@ -101,10 +101,10 @@ pub(super) enum Text {
     },
 }
 
-/// A sample without a verdict has no first error: not -1 (every step holds) nor 0 (the first
-/// step is wrong), which a trainer's logs would read as verdicts. Numbers, since OpenRLHF makes
-/// tensors of `extra_logs`.
-pub(super) const NO_VERDICT_INDEX: i32 = -2;
+/// A sample without a verdict has no first error: not -1 (every step holds), 0 (the first step
+/// is wrong) nor -2 (`UNLOCATED`: wrong, no step named), which a trainer's logs would read as
+/// verdicts. Numbers, since OpenRLHF makes tensors of `extra_logs`.
+pub(super) const NO_VERDICT_INDEX: i32 = -3;
 /// Nor a trace score: a step score is a probability, so -1 cannot be one.
 pub(super) const NO_VERDICT_SCORE: f32 = -1.0;
 
