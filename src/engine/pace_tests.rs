@@ -186,15 +186,18 @@ async fn under_load_a_request_ends_with_the_batch_mates_that_follow_it() {
     assert_eq!((refused.ahead, refused.beside), (1000, 0));
 }
 
+/// 5 s of work against a 1 s deadline, at a pace of 1000 bytes a second: admitted only as a
+/// probe.
+fn too_long(pace: &Pace) -> Result<Ticket<'_>, TooSlow> {
+    let now = Instant::now();
+    pace.admit_one(5000, Some(now + secs(1.0)), now)
+}
+
 #[tokio::test(start_paused = true)]
 async fn probes_that_end_unanswered_back_off_and_an_answer_resets_them() {
     let pace = measured(1000).await;
     // A machine slowed past the deadlines: 5 s of work against 1 s deadlines, a request a
     // second. Each probe ends unanswered and doubles the quiet time the next one needs.
-    fn too_long(pace: &Pace) -> Result<Ticket<'_>, TooSlow> {
-        let now = Instant::now();
-        pace.admit_one(5000, Some(now + secs(1.0)), now)
-    }
     advance(PROBE_AFTER).await;
     drop(too_long(&pace).unwrap());
     advance(PROBE_AFTER).await;
@@ -253,10 +256,6 @@ async fn a_probe_refused_as_bad_input_is_no_unanswered_probe() {
     // A burst of bad input on a slowed machine: each probe the caller got wrong must not
     // double the quiet time a real probe waits for (it says nothing of the evaluator).
     let pace = measured(1000).await;
-    fn too_long(pace: &Pace) -> Result<Ticket<'_>, TooSlow> {
-        let now = Instant::now();
-        pace.admit_one(5000, Some(now + secs(1.0)), now)
-    }
     for _ in 0..3 {
         advance(PROBE_AFTER).await;
         too_long(&pace).unwrap().bad_input();

@@ -250,6 +250,37 @@ fn cascade_config(prm: &str, head: &str, name: &str, up: &Upstream, extra: &str)
     Config::parse(&text, "test config", &[]).unwrap()
 }
 
+/// A served cascade `name` over the head `head` (its table `prm`) and a judge on `up`, that
+/// guarantees 0.9 on `rows` and audits every trace it keeps; once its threshold is chosen.
+async fn audited(
+    prm: &str,
+    head: &str,
+    name: &str,
+    rows: &std::path::Path,
+    up: &Upstream,
+) -> TestServer {
+    let extra = format!(
+        "target_agreement = 0.9\ncalibration = {:?}\naudit_rate = 1.0\naudit_floor = 1.0\n\
+         audit_per_second = 1000",
+        rows.display().to_string()
+    );
+    let s = TestServer::start(
+        cascade_config(prm, head, name, up, &extra),
+        retrace::default_loader(),
+    )
+    .await;
+    s.ready().await;
+    let labels = [("evaluator", name)];
+    s.until_sample(
+        "retrace_cascade_guaranteed",
+        &labels,
+        1.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    s
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audits_reach_the_judge_after_the_answer_never_before_it() {
     let dir = temp("audits");
@@ -262,25 +293,8 @@ async fn audits_reach_the_judge_after_the_answer_never_before_it() {
     // A judge that takes 2 s: a call that waited on it would take as long.
     let slow = "All paragraphs hold.\n\\boxed{-1}\nCategory: None";
     let up = Upstream::start(Fault::Slow(Duration::from_secs(2), slow.into())).await;
-    let extra = format!(
-        "target_agreement = 0.9\ncalibration = {:?}\naudit_rate = 1.0\naudit_floor = 1.0\n\
-         audit_per_second = 1000",
-        rows.display().to_string()
-    );
-    let s = TestServer::start(
-        cascade_config(&prm, "ahead", "ac", &up, &extra),
-        retrace::default_loader(),
-    )
-    .await;
-    s.ready().await;
+    let s = audited(&prm, "ahead", "ac", &rows, &up).await;
     let labels = [("evaluator", "ac")];
-    s.until_sample(
-        "retrace_cascade_guaranteed",
-        &labels,
-        1.0,
-        Duration::from_secs(30),
-    )
-    .await;
     // Four callers, five traces each, at once.
     let callers: Vec<_> = (0..4)
         .map(|c| {
@@ -369,25 +383,8 @@ async fn audits_that_show_drift_escalate_everything_until_it_is_calibrated_again
         .unwrap();
     let reply = format!("The verdict.\n\\boxed{{{rarest}}}\nCategory: Reasoning");
     let up = Upstream::start(Fault::PerN(reply)).await;
-    let extra = format!(
-        "target_agreement = 0.9\ncalibration = {:?}\naudit_rate = 1.0\naudit_floor = 1.0\n\
-         audit_per_second = 1000",
-        rows.display().to_string()
-    );
-    let s = TestServer::start(
-        cascade_config(&prm, "dhead2", "dc2", &up, &extra),
-        retrace::default_loader(),
-    )
-    .await;
-    s.ready().await;
+    let s = audited(&prm, "dhead2", "dc2", &rows, &up).await;
     let labels = [("evaluator", "dc2")];
-    s.until_sample(
-        "retrace_cascade_guaranteed",
-        &labels,
-        1.0,
-        Duration::from_secs(30),
-    )
-    .await;
     // One at a time, so every kept trace is audited before the next.
     let mut paths = Vec::new();
     for i in 300..460 {
