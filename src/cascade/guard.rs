@@ -74,7 +74,7 @@ pub(crate) struct GuardConfig {
 }
 
 /// The guarantee of one cascade.
-pub(crate) struct Guard {
+pub(crate) struct CascadeGuard {
     cascade: String,
     config: GuardConfig,
     prm: Arc<dyn Evaluator>,
@@ -101,12 +101,16 @@ pub(crate) struct ScoredRow {
     label: Option<usize>,
 }
 
-impl Guard {
-    pub(crate) fn new(cascade: &str, config: GuardConfig, prm: Arc<dyn Evaluator>) -> Arc<Guard> {
+impl CascadeGuard {
+    pub(crate) fn new(
+        cascade: &str,
+        config: GuardConfig,
+        prm: Arc<dyn Evaluator>,
+    ) -> Arc<CascadeGuard> {
         if let Some(a) = &config.audit {
             audited_gauges(cascade, config.target, AuditTally::default(), a.rate);
         }
-        Arc::new(Guard {
+        Arc::new(CascadeGuard {
             cascade: cascade.to_string(),
             config: config.clone(),
             prm,

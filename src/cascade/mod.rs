@@ -15,7 +15,7 @@ use crate::rule::{Refused, refuse};
 use crate::trace::{DecisionPath, ErrorCategory, Judgement};
 use audit::AuditConfig;
 use futures::future::BoxFuture;
-use guard::{Guard, GuardConfig};
+use guard::{CascadeGuard, GuardConfig};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -167,7 +167,7 @@ enum Escalation {
     /// A deciding step within this distance of the threshold.
     Margin(f32),
     /// A verdict whose confidence misses the calibrated threshold.
-    Guaranteed(Arc<Guard>),
+    Guaranteed(Arc<CascadeGuard>),
 }
 
 pub(crate) struct Cascade {
@@ -237,7 +237,7 @@ pub(crate) fn load(
     let (prm, judge) = (find("prm", &config.prm)?, find("judge", &config.judge)?);
     let escalation = match config.guard(threshold) {
         Some(g) => {
-            let guard = Guard::new(name, g, prm.clone());
+            let guard = CascadeGuard::new(name, g, prm.clone());
             guard.start();
             Escalation::Guaranteed(guard)
         }
