@@ -10,8 +10,8 @@ mod learning;
 mod reward;
 mod upstream;
 pub(crate) use learning::{
-    Audited, record_audit, record_cascade, record_recalibration, record_recorded, record_reload,
-    recorded_at_zero, set_audited, set_guarantee, set_head,
+    Audited, audits_at_zero, record_audit, record_cascade, record_recalibration, record_recorded,
+    record_reload, recorded_at_zero, set_audited, set_guarantee, set_head,
 };
 #[cfg(test)]
 pub(crate) use reward::{REWARD_ROUTES, REWARD_STATUSES};

@@ -136,6 +136,11 @@ pub struct Outcome {
     pub holds: bool,
 }
 
+/// A PRM's rule: the first step scoring below `threshold` is the first error.
+pub(crate) fn first_below(scores: &[f32], threshold: f32) -> Option<usize> {
+    scores.iter().position(|&s| s < threshold)
+}
+
 /// The first-error index of a trace judged wrong as a whole with no step located: an outcome
 /// reward model alone scores the trace, not its steps, and names no index.
 pub const UNLOCATED: i32 = -2;
@@ -184,7 +189,7 @@ impl Trace {
 impl Judgement {
     /// A PRM's judgement: the first error is the first step scoring below `threshold`.
     pub fn from_scores(step_scores: Vec<f32>, threshold: f32) -> Self {
-        let first_error = step_scores.iter().position(|&s| s < threshold);
+        let first_error = first_below(&step_scores, threshold);
         let category = if first_error.is_some() {
             ErrorCategory::Unspecified
         } else {

@@ -127,11 +127,13 @@ class Replica:
         return f"127.0.0.1:{self.grpc}"
 
     def start(self):
-        log = open(self.out / f"replica-{self.k}.log", "a")
-        self.proc = subprocess.Popen(
-            [self.binary, "serve", "--config", str(self.config), "--grpc-addr", self.address,
-             "--http-addr", f"127.0.0.1:{self.http}", "--metrics-addr", f"127.0.0.1:{self.metrics}"],
-            stdout=log, stderr=log, env={**os.environ, "RETRACE_LOG": "warn"})
+        # The child holds its own copy of the log's descriptor; this one closes at once.
+        with open(self.out / f"replica-{self.k}.log", "a") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "serve", "--config", str(self.config), "--grpc-addr", self.address,
+                 "--http-addr", f"127.0.0.1:{self.http}",
+                 "--metrics-addr", f"127.0.0.1:{self.metrics}"],
+                stdout=log, stderr=log, env={**os.environ, "RETRACE_LOG": "warn"})
         self.started = time.monotonic()
 
     def wait_serving(self, within=120.0):

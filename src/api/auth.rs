@@ -56,13 +56,17 @@ impl AdminAuth {
 
     /// `check` for a gRPC call's metadata.
     pub(crate) fn check_grpc<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let presented = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        self.check(presented)
+        self.check(authorization(request))
             .map_err(|(code, why)| Status::new(code, why))
     }
+}
+
+/// A gRPC call's `authorization` metadata, if it is text.
+fn authorization<T>(request: &Request<T>) -> Option<&str> {
+    request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
 }
 
 /// Accepts a request whose `authorization` is `Bearer <token>` for a configured token; with no
@@ -118,14 +122,12 @@ impl BearerAuth {
 
 impl Interceptor for BearerAuth {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let presented = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        self.check(presented).map(|()| request).map_err(|message| {
-            crate::metrics::record_unauthenticated();
-            Status::unauthenticated(message)
-        })
+        self.check(authorization(&request))
+            .map(|()| request)
+            .map_err(|message| {
+                crate::metrics::record_unauthenticated();
+                Status::unauthenticated(message)
+            })
     }
 }
 

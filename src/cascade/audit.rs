@@ -138,15 +138,19 @@ impl Audits {
 
     /// The share the next kept trace is audited at.
     pub(crate) fn share(&self) -> f64 {
-        let t = self.lock().kept as f64;
-        (self.config.rate / (t + 1.0).sqrt()).max(self.config.floor)
+        self.share_after(self.lock().kept)
+    }
+
+    /// The share after `kept` traces: max(floor, rate / sqrt(kept + 1)).
+    fn share_after(&self, kept: u64) -> f64 {
+        (self.config.rate / (kept as f64 + 1.0).sqrt()).max(self.config.floor)
     }
 
     /// A trace was kept at `now`; `u` is a uniform draw in [0, 1). An `Audit` holds a place in
     /// flight until `finish`.
     pub(crate) fn draw(&self, now: Instant, u: f64) -> Draw {
         let mut s = self.lock();
-        let share = (self.config.rate / (s.kept as f64 + 1.0).sqrt()).max(self.config.floor);
+        let share = self.share_after(s.kept);
         s.kept += 1;
         if u >= share {
             return Draw::NotDrawn;

@@ -12,7 +12,7 @@ use crate::dataset::{DataError, Record, read_records};
 use crate::engine::{Evaluator, Job};
 use crate::metrics;
 use crate::segment::segment;
-use crate::trace::{Judgement, Trace};
+use crate::trace::{Trace, first_below};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -108,6 +108,7 @@ impl CascadeGuard {
         prm: Arc<dyn Evaluator>,
     ) -> Arc<CascadeGuard> {
         if let Some(a) = &config.audit {
+            metrics::audits_at_zero(cascade);
             audited_gauges(cascade, config.target, AuditTally::default(), a.rate);
         }
         Arc::new(CascadeGuard {
@@ -177,7 +178,7 @@ impl CascadeGuard {
         let items: Vec<CalibrationItem> = rows
             .iter()
             .map(|r| {
-                let verdict = Judgement::from_scores(r.scores.clone(), threshold).first_error;
+                let verdict = first_below(&r.scores, threshold);
                 CalibrationItem {
                     confidence: self.config.confidence.of(&r.scores, verdict, threshold),
                     agrees: verdict == r.label,
@@ -329,7 +330,7 @@ impl CascadeGuard {
 
     /// A trace the judge decided while drifted: gathered, and once there are enough, the
     /// threshold is chosen again on them (every trace was judged, so they are the stream's).
-    pub(crate) fn observe(&self, scores: Vec<f32>, label: Option<usize>) {
+    pub(crate) fn observe(self: &Arc<Self>, scores: Vec<f32>, label: Option<usize>) {
         let mut state = self.lock();
         let needed = state
             .scored
@@ -352,21 +353,13 @@ impl CascadeGuard {
             a.restart();
         }
         metrics::record_recalibration(&self.cascade, "drift");
-        self.report(self.threshold_in_force());
+        // Chosen now (a gauge and a log line), not at the next request.
+        self.calibrated(self.threshold_in_force());
     }
 
     /// Whether the traces it escalates are gathered to choose again.
     pub(crate) fn drifted(&self) -> bool {
         self.lock().drifted.is_some()
-    }
-
-    /// Chooses at `threshold` now (a gauge and a log line), on what was scored.
-    fn report(&self, threshold: f32) {
-        let rows = self.lock().scored.as_ref().map(|(_, r)| r.clone());
-        if let Some(rows) = rows {
-            let chosen = Arc::new(self.choose(&rows, threshold));
-            self.lock().chosen = Some((threshold.to_bits(), chosen));
-        }
     }
 
     /// One line for ListEvaluators: the target, and what the calibration chose at the

@@ -201,13 +201,8 @@ pub(crate) fn decide(
     margin: f32,
     categorize: bool,
 ) -> Decision {
-    let deciding = first_error
-        .map_or(scores.len(), |k| k + 1)
-        .min(scores.len());
-    if scores[..deciding]
-        .iter()
-        .any(|s| (s - threshold).abs() <= margin)
-    {
+    // The deciding steps' least distance from the threshold: the margin reading of confidence.
+    if Confidence::Margin.of(scores, first_error, threshold) <= f64::from(margin) {
         Decision::Escalate
     } else if categorize && first_error.is_some() {
         Decision::Categorize

@@ -64,10 +64,7 @@ pub(crate) enum Sharing {
 #[derive(Debug)]
 pub(super) struct Pace {
     state: Mutex<State>,
-    /// Requests the evaluator serves at once (its `max_concurrency`): a request shares its
-    /// batch, or the upstream, with up to this many less one, and ends when they all do.
-    concurrency: usize,
-    sharing: Sharing,
+    shape: PaceShape,
 }
 
 #[derive(Debug, Default)]
@@ -126,8 +123,10 @@ impl Pace {
     pub(super) fn new(concurrency: usize, sharing: Sharing) -> Pace {
         Pace {
             state: Mutex::default(),
-            concurrency: concurrency.max(1),
-            sharing,
+            shape: PaceShape {
+                concurrency: concurrency.max(1),
+                sharing,
+            },
         }
     }
 
@@ -142,7 +141,7 @@ impl Pace {
         now: Instant,
     ) -> Result<Vec<Ticket<'_>>, TooSlow> {
         let mut s = self.lock();
-        let probe = s.check(sizes.iter().sum(), self.shape(), deadline, now)?;
+        let probe = s.check(sizes.iter().sum(), self.shape, deadline, now)?;
         Ok(sizes
             .iter()
             .map(|&b| s.start(self, b, now, probe))
@@ -158,7 +157,7 @@ impl Pace {
         now: Instant,
     ) -> Result<Ticket<'_>, TooSlow> {
         let mut s = self.lock();
-        let probe = s.check(bytes, self.shape(), deadline, now)?;
+        let probe = s.check(bytes, self.shape, deadline, now)?;
         Ok(s.start(self, bytes, now, probe))
     }
 
@@ -166,7 +165,7 @@ impl Pace {
     #[cfg(test)]
     fn admits(&self, bytes: u64, deadline: Option<Instant>, now: Instant) -> Result<(), TooSlow> {
         self.lock()
-            .check(bytes, self.shape(), deadline, now)
+            .check(bytes, self.shape, deadline, now)
             .map(|_| ())
     }
 
@@ -175,15 +174,8 @@ impl Pace {
     pub(super) fn drain(&self, now: Instant) -> Option<Duration> {
         let s = self.lock();
         let rate = s.rate?;
-        let ahead = s.queued(rate, self.shape(), now);
+        let ahead = s.queued(rate, self.shape, now);
         Some(Duration::from_secs_f64(ahead as f64 / rate))
-    }
-
-    fn shape(&self) -> PaceShape {
-        PaceShape {
-            concurrency: self.concurrency,
-            sharing: self.sharing,
-        }
     }
 
     /// Counts `bytes` as pending until the ticket is dropped, with no check: work an evaluator
@@ -220,7 +212,7 @@ impl Pace {
             let w = bytes as f64;
             s.mean = Some(s.mean.map_or(w, |m| m + MEAN_ALPHA * (w - m)));
         }
-        match self.sharing {
+        match self.shape.sharing {
             Sharing::Batched => s.busy_sample(bytes, cleared, now),
             Sharing::Parallel => s.service_sample(bytes, cleared, t.served_at, now),
         }
@@ -380,6 +372,8 @@ impl State {
 /// What the estimate needs of the evaluator beside its state.
 #[derive(Debug, Clone, Copy)]
 struct PaceShape {
+    /// Requests the evaluator serves at once (its `max_concurrency`): a request shares its
+    /// batch, or the upstream, with up to this many less one, and ends when they all do.
     concurrency: usize,
     sharing: Sharing,
 }

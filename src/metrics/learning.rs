@@ -167,8 +167,7 @@ pub(crate) fn record_audit(cascade: &str, outcome: &'static str) {
 }
 
 /// What a cascade's audits say, as gauges: its target, the audited agreement (None before an
-/// audit) and its lower bound, and the share audited now. Every outcome is a series from the
-/// start, so an alert's ratio reads 0 before the first audit.
+/// audit) and its lower bound, and the share audited now.
 pub(crate) struct Audited {
     pub target: f64,
     pub audited: u64,
@@ -177,11 +176,16 @@ pub(crate) struct Audited {
     pub share: f64,
 }
 
+/// Every audit outcome of `cascade` as a series from the start, so a ratio reads 0 before the
+/// first audit.
+pub(crate) fn audits_at_zero(cascade: &str) {
+    for outcome in AUDIT_OUTCOMES {
+        counter!(AUDITS, "evaluator" => cascade.to_string(), "outcome" => outcome).increment(0);
+    }
+}
+
 pub(crate) fn set_audited(cascade: &str, a: Audited) {
     let name = || cascade.to_string();
-    for outcome in AUDIT_OUTCOMES {
-        counter!(AUDITS, "evaluator" => name(), "outcome" => outcome).increment(0);
-    }
     gauge!(TARGET_AGREEMENT, "evaluator" => name()).set(a.target);
     gauge!(AUDITED, "evaluator" => name()).set(a.audited as f64);
     // No audit yet is no agreement: NaN, which a panel leaves blank, rather than a 0 or a 1.

@@ -40,52 +40,36 @@ async fn a_guaranteed_cascade_keeps_only_what_its_calibration_rows_vouch_for() {
     let dir = temp("guarantee");
     let head = dir.join("head");
     head_folder(&head, 0.5, false);
-    let prm = format!(
-        "[[evaluator]]\nname = \"ghead\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n",
-        head.display().to_string()
-    );
     // The head's own verdicts on the calibration traces, from a server of the head alone.
     const ROWS: usize = 80;
-    let alone = Config::parse(&prm, "test config", &[]).unwrap();
-    let s = TestServer::start(alone, retrace::default_loader()).await;
-    s.ready().await;
-    let mut rows = Vec::new();
-    for i in 0..ROWS {
-        let (scores, first, _) = verdict_of(&s, "ghead", parity_trace(i)).await;
-        rows.push((i, verdict_confidence(&scores, first), first));
-    }
-    s.stop().await.unwrap();
+    let (prm, verdicts) = own_verdicts(&head, "ghead", 0..ROWS).await;
+    let mut rows: Vec<(usize, f64, i32)> = verdicts
+        .iter()
+        .enumerate()
+        .map(|(i, (scores, first))| (i, verdict_confidence(scores, *first), *first))
+        .collect();
     // The judge agrees with the head on its surest 60% and never on the rest: the threshold
     // that holds 90% agreement keeps those, and at most the few disagreements below them that
     // the bound can absorb (one in 49 keeps it under 0.1, two in 50 do not).
     rows.sort_by(|a, b| b.1.total_cmp(&a.1));
     let floor = rows[ROWS * 6 / 10 + 2].1;
-    let lines: Vec<String> = rows
-        .iter()
-        .enumerate()
-        .map(|(rank, &(i, _, first))| {
-            let t = parity_trace(i);
-            let label = if rank < ROWS * 6 / 10 {
-                first
-            } else {
-                (first + 2) % 3 - 1
-            };
-            serde_json::json!({"question": t.question, "steps": t.steps, "label": label})
-                .to_string()
-        })
-        .collect();
+    let mut labels = vec![0; ROWS];
+    for (rank, &(i, _, first)) in rows.iter().enumerate() {
+        labels[i] = if rank < ROWS * 6 / 10 {
+            first
+        } else {
+            (first + 2) % 3 - 1
+        };
+    }
     let calibration = dir.join("calibration.jsonl");
-    std::fs::write(&calibration, lines.join("\n") + "\n").unwrap();
+    write_rows(&calibration, 0, &labels);
 
     let up = Upstream::start(Fault::By(oracle)).await;
-    let text = format!(
-        "{prm}\n[[evaluator]]\nname = \"gj\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\n\
-         output = \"text\"\n\n[[evaluator]]\nname = \"gc\"\nkind = \"cascade\"\nprm = \"ghead\"\n\
-         judge = \"gj\"\ntarget_agreement = 0.9\ntarget_confidence = 0.9\ncalibration = {:?}\n",
-        up.base_url(),
-        calibration.display().to_string(),
+    let extra = format!(
+        "target_agreement = 0.9\ntarget_confidence = 0.9\ncalibration = {:?}",
+        calibration.display().to_string()
     );
-    let config = Config::parse(&text, "test config", &[]).unwrap();
+    let config = cascade_config(&prm, "ghead", "gc", &up, &extra);
     let s = TestServer::start(config, retrace::default_loader()).await;
     s.ready().await;
     let guaranteed = [("evaluator", "gc")];
@@ -151,27 +135,16 @@ async fn a_guaranteed_cascade_with_too_few_rows_escalates_everything_and_says_so
     let dir = temp("guarantee-few");
     let head = dir.join("head");
     head_folder(&head, 0.5, false);
-    // Twenty rows, all the head's own verdicts: perfect agreement, but 22 are the fewest that
-    // can hold 90% at 90%.
+    // Twenty rows: however they agree with the head, 22 are the fewest that can hold 90% at
+    // 90%.
     let calibration = dir.join("calibration.jsonl");
-    let rows: Vec<String> = (0..20)
-        .map(|i| {
-            let t = parity_trace(i);
-            serde_json::json!({"question": t.question, "steps": t.steps, "label": -1}).to_string()
-        })
-        .collect();
-    std::fs::write(&calibration, rows.join("\n")).unwrap();
+    write_rows(&calibration, 0, &[-1; 20]);
     let up = Upstream::start(Fault::By(oracle)).await;
-    let text = format!(
-        "[[evaluator]]\nname = \"fhead\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n\n\
-         [[evaluator]]\nname = \"fj\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\n\
-         output = \"text\"\n\n[[evaluator]]\nname = \"fc\"\nkind = \"cascade\"\nprm = \"fhead\"\n\
-         judge = \"fj\"\ntarget_agreement = 0.9\ncalibration = {:?}\n",
-        head.display().to_string(),
-        up.base_url(),
-        calibration.display().to_string(),
+    let extra = format!(
+        "target_agreement = 0.9\ncalibration = {:?}",
+        calibration.display().to_string()
     );
-    let config = Config::parse(&text, "test config", &[]).unwrap();
+    let config = cascade_config(&head_table("fhead", &head), "fhead", "fc", &up, &extra);
     let s = TestServer::start(config, retrace::default_loader()).await;
     s.ready().await;
     let labels = [("evaluator", "fc")];
@@ -203,26 +176,37 @@ async fn a_guaranteed_cascade_with_too_few_rows_escalates_everything_and_says_so
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// The head's own verdicts (first error) on parity traces `range`, from a server of the head
-/// alone; and its table, for the next config.
+/// The head's own verdicts (step scores, first error) on parity traces `range`, from a server
+/// of the head alone; and its table, for the next config.
 async fn own_verdicts(
     head: &std::path::Path,
     name: &str,
     range: std::ops::Range<usize>,
-) -> (String, Vec<i32>) {
-    let prm = format!(
-        "[[evaluator]]\nname = \"{name}\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n",
-        head.display().to_string()
-    );
+) -> (String, Vec<(Vec<f32>, i32)>) {
+    let prm = head_table(name, head);
     let alone = Config::parse(&prm, "test config", &[]).unwrap();
     let s = TestServer::start(alone, retrace::default_loader()).await;
     s.ready().await;
-    let mut firsts = Vec::new();
+    let mut verdicts = Vec::new();
     for i in range {
-        firsts.push(verdict_of(&s, name, parity_trace(i)).await.1);
+        let (scores, first, _) = verdict_of(&s, name, parity_trace(i)).await;
+        verdicts.push((scores, first));
     }
     s.stop().await.unwrap();
-    (prm, firsts)
+    (prm, verdicts)
+}
+
+/// The first errors of `own_verdicts`.
+fn firsts(verdicts: &[(Vec<f32>, i32)]) -> Vec<i32> {
+    verdicts.iter().map(|(_, first)| *first).collect()
+}
+
+/// The `[[evaluator]]` table of the head folder `head`, named `name`.
+fn head_table(name: &str, head: &std::path::Path) -> String {
+    format!(
+        "[[evaluator]]\nname = \"{name}\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n",
+        head.display().to_string()
+    )
 }
 
 /// Calibration rows on parity traces `from..`, each labelled `labels[k]`.
@@ -287,7 +271,8 @@ async fn audits_reach_the_judge_after_the_answer_never_before_it() {
     let head = dir.join("head");
     head_folder(&head, 0.5, false);
     // Rows that agree with the head throughout: it keeps every trace.
-    let (prm, firsts) = own_verdicts(&head, "ahead", 0..40).await;
+    let (prm, verdicts) = own_verdicts(&head, "ahead", 0..40).await;
+    let firsts = firsts(&verdicts);
     let rows = dir.join("calibration.jsonl");
     write_rows(&rows, 0, &firsts);
     // A judge that takes 2 s: a call that waited on it would take as long.
@@ -373,7 +358,8 @@ async fn audits_that_show_drift_escalate_everything_until_it_is_calibrated_again
     let dir = temp("drift");
     let head = dir.join("head");
     head_folder(&head, 0.5, false);
-    let (prm, firsts) = own_verdicts(&head, "dhead2", 0..60).await;
+    let (prm, verdicts) = own_verdicts(&head, "dhead2", 0..60).await;
+    let firsts = firsts(&verdicts);
     let rows = dir.join("calibration.jsonl");
     write_rows(&rows, 0, &firsts);
     // The judge now names, on every trace, the verdict the head gives least often on the

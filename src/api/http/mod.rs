@@ -124,6 +124,16 @@ impl Failure {
     fn invalid(field: impl Into<FieldPath>, message: impl Into<String>) -> Self {
         EngineError::invalid(field, message).into()
     }
+
+    /// Refused before any work: auth, which names no field and has nothing to wait for.
+    fn refused(code: Code, message: &str) -> Self {
+        Failure {
+            code,
+            message: message.to_string(),
+            field: None,
+            retry_after: Duration::ZERO,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -189,17 +199,18 @@ fn json(status: StatusCode, value: &impl Serialize) -> Response {
 impl Http {
     /// Checks the bearer token, then reads the deadline; the clock starts at `arrived`.
     fn admit(&self, headers: &HeaderMap, arrived: Instant) -> Result<Option<Instant>, Failure> {
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        self.auth.check(presented).map_err(|message| Failure {
-            code: Code::Unauthenticated,
-            message: message.to_string(),
-            field: None,
-            retry_after: Duration::ZERO,
-        })?;
+        self.auth
+            .check(authorization(headers))
+            .map_err(|message| Failure::refused(Code::Unauthenticated, message))?;
         deadline(headers, arrived)
     }
+}
+
+/// A request's `authorization` header, if it is text.
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
 }
 
 /// The deadline a request's `x-request-timeout` header sets (seconds, fractions allowed).
@@ -326,17 +337,8 @@ async fn rank(State(http): State<Arc<Http>>, headers: HeaderMap, body: Bytes) ->
 
 /// The Reload call over JSON: `{"evaluator": "..."}`.
 async fn reload(State(http): State<Arc<Http>>, headers: HeaderMap, body: Bytes) -> Response {
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if let Err((code, why)) = http.admin.check(presented) {
-        return Failure {
-            code,
-            message: why.to_string(),
-            field: None,
-            retry_after: Duration::ZERO,
-        }
-        .into_response();
+    if let Err((code, why)) = http.admin.check(authorization(&headers)) {
+        return Failure::refused(code, why).into_response();
     }
     let engine = &http.engine;
     json_call(
