@@ -7,8 +7,9 @@
 use super::config::Dtype;
 use super::format::Family;
 use crate::trace::ErrorCategory;
+pub use retrace_model::HeadKind;
 pub use retrace_model::Pool;
-use retrace_model::{HEAD_CONFIG, TrainedKind, TrainedSpec, checkpoint_sha256};
+use retrace_model::{HEAD_CONFIG, TrainedSpec, checkpoint_sha256};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -40,13 +41,9 @@ pub struct HeadConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pools: Vec<Pool>,
     pub hidden_size: usize,
+    /// The step head: `head`, and `mlp_hidden` or `trace_width` for its size.
+    #[serde(flatten)]
     pub head: HeadKind,
-    /// Hidden units of an `mlp` head.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mlp_hidden: Option<usize>,
-    /// The width of a `trace` head (its projection and GRU state).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trace_width: Option<usize>,
     /// A step whose probability is below it is wrong; the first such step is the first error.
     pub threshold: f32,
     /// The category head's labels in its row order; `None` without one.
@@ -108,26 +105,6 @@ impl<'de> Deserialize<'de> for Layers {
                     "`layers` is a list of layers ([26, 27]) or of groups of layers ([[15], [26, 27]])",
                 )
             })
-    }
-}
-
-/// The step head's shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HeadKind {
-    Logistic,
-    Mlp,
-    /// A trace probe: a step's score also reads the steps before it (`retrace_model::TraceProbe`).
-    Trace,
-}
-
-impl HeadKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HeadKind::Logistic => "logistic",
-            HeadKind::Mlp => "mlp",
-            HeadKind::Trace => "trace",
-        }
     }
 }
 
@@ -265,27 +242,6 @@ impl HeadConfig {
         if self.hidden_size == 0 {
             return Err(("hidden_size", "must be at least 1".into()));
         }
-        match (self.head, self.mlp_hidden, self.trace_width) {
-            (HeadKind::Mlp, None | Some(0), _) => {
-                return Err((
-                    "mlp_hidden",
-                    "an mlp head needs at least 1 hidden unit".into(),
-                ));
-            }
-            (HeadKind::Trace, _, None | Some(0)) => {
-                return Err((
-                    "trace_width",
-                    "a trace head needs a width of at least 1".into(),
-                ));
-            }
-            (HeadKind::Logistic | HeadKind::Trace, Some(_), _) => {
-                return Err(("mlp_hidden", "applies only to head = \"mlp\"".into()));
-            }
-            (HeadKind::Logistic | HeadKind::Mlp, _, Some(_)) => {
-                return Err(("trace_width", "applies only to head = \"trace\"".into()));
-            }
-            _ => {}
-        }
         if !(0.0..=1.0).contains(&self.threshold) {
             return Err((
                 "threshold",
@@ -332,15 +288,7 @@ impl HeadConfig {
             groups: self.layers.0.clone(),
             hidden_size: self.hidden_size,
             pools: self.pools.clone(),
-            kind: match self.head {
-                HeadKind::Logistic => TrainedKind::Logistic,
-                HeadKind::Mlp => TrainedKind::Mlp {
-                    hidden: self.mlp_hidden.unwrap_or(0),
-                },
-                HeadKind::Trace => TrainedKind::Trace {
-                    width: self.trace_width.unwrap_or(0),
-                },
-            },
+            kind: self.head,
             categories: self.categories.as_ref().map_or(0, Vec::len),
         }
     }

@@ -42,13 +42,13 @@ fn the_contracts_example_parses_and_round_trips() {
     write(&dir, &example());
     let c = HeadConfig::read(&dir).unwrap();
     assert_eq!(c.format, Family::ChatLm);
-    assert_eq!((c.head, c.mlp_hidden), (HeadKind::Mlp, Some(64)));
+    assert_eq!(c.head, HeadKind::Mlp { hidden: 64 });
     assert_eq!(
         c.categories.as_ref().unwrap()[2],
         ErrorCategory::Hallucination
     );
     let spec = c.spec(&dir);
-    assert_eq!(spec.kind, TrainedKind::Mlp { hidden: 64 });
+    assert_eq!(spec.kind, HeadKind::Mlp { hidden: 64 });
     assert_eq!(
         (spec.groups.clone(), spec.categories),
         (vec![vec![27, 28, 29]], 4)
@@ -233,7 +233,7 @@ fn a_trace_head_needs_its_width_and_only_it() {
     v["trace_width"] = json!(32);
     write(&dir, &v);
     let c = HeadConfig::read(&dir).unwrap();
-    assert_eq!(c.spec(&dir).kind, TrainedKind::Trace { width: 32 });
+    assert_eq!(c.spec(&dir).kind, HeadKind::Trace { width: 32 });
     for (key, value, want) in [
         (
             "trace_width",

@@ -38,10 +38,10 @@
 //!   fused kernel); `layers.rs`: linear and embedding layers, f32 or quantized.
 //! - `kernels/`: fused CPU f32 kernels (add + RMS norm, SiLU * up, RoPE, blocked attention)
 //!   and `Kernels`, the switch between them and candle's ops.
-//! - `head.rs`: the heads each PRM family reads (a value head, a two-class head, an LM pair, a
-//!   sequence classifier's `score`); `classifier.rs`: a sequence classifier's own config keys;
-//!   `trained.rs`: a head trained on a frozen base, over the hidden states of chosen layers;
-//!   `trace_probe.rs`: the trained head that reads a trace's steps in order.
+//! - `head/`: the heads each PRM family reads (a value head, a two-class head, an LM pair, a
+//!   sequence classifier's `score`, with its own config keys in `classifier.rs`), and a head
+//!   trained on a frozen base over the hidden states of chosen layers: its folder format
+//!   (`folder.rs`) apart from its forward (`trained.rs`, `trace_probe.rs`).
 //! - `checksum.rs`: a checkpoint's weights checksum, which ties a trained head to its base.
 //! - `gguf.rs`, `weights.rs`: checkpoints from GGUF files and safetensors.
 //! - `plan.rs` (a batch's layout of shared segments), `prefix_cache.rs` (what earlier batches
@@ -50,7 +50,6 @@
 
 mod batch;
 mod checksum;
-mod classifier;
 mod config;
 mod decoder;
 mod error;
@@ -62,21 +61,17 @@ mod model;
 mod plan;
 mod prefix_cache;
 mod spans;
-mod trace_probe;
-mod trained;
 mod weights;
 
 pub use batch::{Row, RowStates, Tokens};
 pub use checksum::checkpoint_sha256;
-pub use classifier::ClassifierConfig;
 pub use config::{ModelConfig, ModelConfigError};
 pub use error::ModelError;
 pub use gguf::{Gguf, is_gguf};
-pub use head::HeadSpec;
+pub use head::{
+    ClassifierConfig, HEAD_CONFIG, HEAD_WEIGHTS, HeadKind, HeadSpec, Pool, TraceProbe, TrainedSpec,
+    average_states, head_tensors,
+};
 pub use kernels::Kernels;
 pub use model::{CacheStats, PrmModel, Reuse, SharedBase};
 pub use spans::{Span, span_reads, span_rows};
-pub use trace_probe::TraceProbe;
-pub use trained::{
-    HEAD_CONFIG, HEAD_WEIGHTS, Pool, TrainedKind, TrainedSpec, average_states, head_tensors,
-};

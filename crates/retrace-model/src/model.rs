@@ -3,16 +3,14 @@
 //! batch's own run is `batch`'s).
 
 use crate::batch::{Batch, Row, RowStates};
-use crate::classifier::ClassifierConfig;
 use crate::config::ModelConfig;
 use crate::decoder::Decoder;
 use crate::error::ModelError;
 use crate::gguf::{Gguf, GgufTensors, is_gguf};
-use crate::head::{Head, HeadSpec, matrix_rows};
+use crate::head::{ClassifierConfig, Head, HeadSpec, Trained, TrainedSpec, matrix_rows};
 use crate::kernels::Kernels;
 use crate::prefix_cache::PrefixCache;
 use crate::spans::Span;
-use crate::trained::{Trained, TrainedSpec};
 use crate::weights::FileTensors;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};

@@ -5,9 +5,9 @@
 
 use super::tests::{Case, cases, fixture, head_for};
 use super::*;
+use crate::head::{HeadKind, Pool, TrainedSpec, average_states};
 use crate::kernels::testing::{Gap, max_gap};
 use crate::spans::{Span, span_reads};
-use crate::trained::{Pool, TrainedKind, TrainedSpec, average_states};
 use candle_core::Tensor;
 use std::collections::HashMap;
 
@@ -321,7 +321,7 @@ fn a_trained_head_scores_sigmoid_of_its_weights_on_the_averaged_taps() {
                 .collect(),
             hidden_size: h,
             pools: Vec::new(),
-            kind: m.map_or(TrainedKind::Logistic, |hidden| TrainedKind::Mlp { hidden }),
+            kind: m.map_or(HeadKind::Logistic, |hidden| HeadKind::Mlp { hidden }),
             categories: k,
         };
         let model = PrmModel::load(&folder, HeadSpec::Trained(spec), &Device::Cpu, DType::F32)
@@ -396,7 +396,7 @@ fn a_span_head_scores_the_mean_over_each_steps_tokens_beside_the_read() {
         groups: vec![layers.to_vec(), vec![2]],
         hidden_size: h,
         pools: vec![Pool::Read, Pool::Span],
-        kind: TrainedKind::Mlp { hidden: 8 },
+        kind: HeadKind::Mlp { hidden: 8 },
         categories: k,
     };
     let model = PrmModel::load(&folder, HeadSpec::Trained(spec), &Device::Cpu, DType::F32)
@@ -465,7 +465,7 @@ fn heads_on_a_shared_base_hold_one_copy_and_score_as_if_each_had_its_own() {
             groups: vec![vec![1]],
             hidden_size: h,
             pools: Vec::new(),
-            kind: m.map_or(TrainedKind::Logistic, |hidden| TrainedKind::Mlp { hidden }),
+            kind: m.map_or(HeadKind::Logistic, |hidden| HeadKind::Mlp { hidden }),
             categories: k,
         };
         let shared = PrmModel::on_base(&base, &spec).unwrap();
@@ -500,7 +500,7 @@ fn a_bad_trained_head_is_refused_naming_its_file() {
         groups: vec![layers],
         hidden_size,
         pools: Vec::new(),
-        kind: TrainedKind::Logistic,
+        kind: HeadKind::Logistic,
         categories: 0,
     };
     let load = |s: TrainedSpec| {

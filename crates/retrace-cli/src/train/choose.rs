@@ -3,13 +3,14 @@
 //! its dev F1 beats the head kept so far by the margin), the threshold, and the category head.
 
 use super::fit::{Fitted, Params};
-use super::head::{Head, HeadKind, Standardiser};
+use super::head::{Head, Standardiser};
 use super::progress::Progress;
 use super::select::{Problem, StepFit, categories_at, category_classes, fit_category, fit_step};
 use super::taps::Tap;
 use crate::common::{Curve, ThresholdChoice, sweep};
 use candle_core::{Result, Tensor};
 use retrace::ErrorCategory;
+use retrace_model::HeadKind;
 
 /// One candidate tap's features: a row per step of every trace, in trace order.
 pub(crate) struct Candidate {
@@ -95,15 +96,6 @@ fn best_of(f1: impl Iterator<Item = f64>) -> usize {
     best.map_or(0, |(i, _)| i)
 }
 
-/// A step head kind as the report and the progress bars name it.
-pub(crate) fn kind_name(kind: HeadKind) -> String {
-    match kind {
-        HeadKind::Logistic => "logistic".into(),
-        HeadKind::Mlp { hidden } => format!("mlp {hidden}"),
-        HeadKind::Trace { width } => format!("trace probe {width}"),
-    }
-}
-
 /// Trains and decides; `progress` shows a bar per head.
 pub(crate) fn decide(
     p: &Problem,
@@ -134,7 +126,7 @@ pub(crate) fn decide(
         });
     }
     for kind in kinds {
-        let what = format!("{}, tap {}", kind_name(kind), taps[winner].0.name);
+        let what = format!("{}, tap {}", kind, taps[winner].0.name);
         let bar = progress.training(&what, epochs);
         larger.push(fit_step(p, f, kind, &s.params, |e| bar.epoch(e))?);
     }

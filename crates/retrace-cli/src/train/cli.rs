@@ -6,7 +6,6 @@ use super::choose::{Candidate, Force, Outcome, Settings, decide};
 use super::data::{self, DataFile, Dataset};
 use super::extract::{Base, Extraction, features, load_base};
 use super::fit::Params;
-use super::head::HeadKind as Kind;
 use super::output::{Content, check_out, write_folder};
 use super::progress::Progress;
 use super::select::{CATEGORIES, OwnThreshold, Problem, TraceRows};
@@ -16,7 +15,7 @@ use crate::common::{Analysis, Outcome as RowOutcome, Row, first_below};
 use retrace::ErrorCategory;
 use retrace::Family;
 use retrace::{DeviceSpec, Dtype};
-use retrace::{HEAD_VERSION, HeadConfig, HeadKind};
+use retrace::{HEAD_VERSION, HeadConfig};
 use retrace_model::{HEAD_CONFIG, HEAD_WEIGHTS, head_tensors};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -336,7 +335,7 @@ pub fn train_head(opts: TrainOptions) -> Result<Trained, TrainError> {
         out: opts.out.clone(),
         dev_f1: outcome.threshold.f1,
         threshold: config.threshold,
-        head: config.head.as_str(),
+        head: config.head.name(),
         layers: config.layers,
         tap: outcome.tap().name.clone(),
         train_traces: split.train.len(),
@@ -374,11 +373,6 @@ fn head_config(
     label_counts: data::LabelCounts,
 ) -> HeadConfig {
     let tap: &Tap = out.tap();
-    let (head, mlp_hidden, trace_width) = match out.kind() {
-        Kind::Logistic => (HeadKind::Logistic, None, None),
-        Kind::Mlp { hidden } => (HeadKind::Mlp, Some(hidden), None),
-        Kind::Trace { width } => (HeadKind::Trace, None, Some(width)),
-    };
     HeadConfig {
         retrace_head: HEAD_VERSION,
         base: base.path.display().to_string(),
@@ -388,9 +382,7 @@ fn head_config(
         layers: retrace::HeadLayers(tap.parts.clone()),
         pools: tap.recorded_pools(),
         hidden_size: base.extractor.hidden_size(),
-        head,
-        mlp_hidden,
-        trace_width,
+        head: out.kind(),
         threshold: out.threshold.threshold,
         categories: out.category.as_ref().map(|_| CATEGORIES.to_vec()),
         label_counts: Some(label_counts),

@@ -4,8 +4,8 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use retrace_model::TraceProbe;
 use retrace_model::head_tensors::{self as names, bias, weight};
+use retrace_model::{HeadKind, TraceProbe};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -14,19 +14,6 @@ use std::sync::Arc;
 pub(crate) struct Standardiser {
     pub(crate) mean: Tensor,
     pub(crate) scale: Tensor,
-}
-
-/// What the step head is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HeadKind {
-    Logistic,
-    Mlp {
-        hidden: usize,
-    },
-    /// `TraceProbe`, `width` wide.
-    Trace {
-        width: usize,
-    },
 }
 
 /// A head's weights: each a variable the optimiser moves, under its file name.

@@ -2,7 +2,7 @@
 //! candidate tap and head kind scored on dev, F1 over the epochs, the threshold curve, and
 //! dev's ProcessBench metric and category confusion at the chosen threshold.
 
-use super::choose::{Outcome, kind_name};
+use super::choose::Outcome;
 use super::fit::Epoch;
 use crate::common::Analysis;
 use crate::common::style::{
@@ -55,7 +55,7 @@ fn notes(c: &HeadConfig, out: &Outcome) -> Vec<String> {
         ),
         format!(
             "kept: **{}** head on tap **{}** (layers {}), threshold **{}**, dev F1 **{:.2}**",
-            c.head.as_str(),
+            c.head.name(),
             out.tap().name,
             c.layers,
             c.threshold,
@@ -120,7 +120,7 @@ fn head_section(out: &Outcome) -> Section {
         out.kept.is_none().to_string(),
     ]];
     for (i, l) in out.larger.iter().enumerate() {
-        let name = kind_name(l.fitted.head.kind);
+        let name = l.fitted.head.kind.to_string();
         rows.push(vec![name, f1(l.dev_f1), (out.kept == Some(i)).to_string()]);
     }
     s.text.push(match out.larger.len() {

@@ -3,10 +3,11 @@
 
 use super::data::{self, Target};
 use super::fit::{self, Data, Epoch, Examples, Fitted, Loss, Params};
-use super::head::{Head, HeadKind, Standardiser};
+use super::head::{Head, Standardiser};
 use crate::common::{ScoredTrace, ThresholdChoice, sweep};
 use candle_core::{Result, Tensor};
 use retrace::ErrorCategory;
+use retrace_model::HeadKind;
 
 /// The category head's classes, in its output order.
 pub(crate) const CATEGORIES: [ErrorCategory; 4] = ErrorCategory::LABELLED;

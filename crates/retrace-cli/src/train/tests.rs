@@ -3,13 +3,13 @@
 
 use super::choose::{Candidate, Settings, decide};
 use super::fit::Params;
-use super::head::HeadKind;
 use super::progress::Progress;
 use super::select::{CATEGORIES, Problem, TraceRows, fit_step};
 use super::taps::Tap;
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use retrace::ErrorCategory;
+use retrace_model::HeadKind;
 
 const H: usize = 24;
 

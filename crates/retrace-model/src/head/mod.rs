@@ -1,16 +1,31 @@
 //! The scoring heads that turn a PRM's hidden states into P(step correct), in f32: the ones
 //! each family's checkpoint carries, a head trained on a frozen base (`trained`), and the one
 //! head that gives a raw reward instead (a sequence classifier's `score`).
+//!
+//! - `classifier.rs`: a sequence classifier's own config keys.
+//! - `folder.rs`: a trained head's folder (file and tensor names, its spec and kind, the
+//!   weights read and checked); `trained.rs`: its forward; `trace_probe.rs`: the trained head
+//!   that reads a trace's steps in order.
 
 use crate::config::ModelConfig;
 use crate::decoder::Output;
 use crate::error::ModelError;
 use crate::layers::Emb;
 use crate::spans::SpanRows;
-use crate::trained::{Trained, TrainedSpec};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
+
+mod classifier;
+mod folder;
+mod trace_probe;
+mod trained;
+
+pub use classifier::ClassifierConfig;
+pub use folder::{HEAD_CONFIG, HEAD_WEIGHTS, HeadKind, Pool, TrainedSpec, head_tensors};
+pub use trace_probe::TraceProbe;
+pub(crate) use trained::Trained;
+pub use trained::average_states;
 
 /// Which head a checkpoint carries; the family in the server config decides it.
 #[derive(Debug, Clone, PartialEq, Eq)]
