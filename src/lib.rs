@@ -40,8 +40,9 @@
 //!   both spell the same way (`config.rs`): capped bodies, retries with backoff, the breaker, rate
 //!   and concurrency limits, metrics.
 //! - `health.rs`: grpc.health.v1 for the server, the Evaluator service and each evaluator.
-//! - Leaves: `dataset.rs` (labelled traces read from ProcessBench JSON and JSONL rows, one bad
-//!   row named by file and line: the tools' input and a cascade's calibration rows),
+//! - Leaves: `dataset/` (labelled traces read from ProcessBench JSON and JSONL rows, one bad
+//!   row named by file and line: the tools' input and a cascade's calibration rows; and a
+//!   verdict written as a row's fields, by `record` and `retrace label` alike),
 //!   `trace.rs` (domain types), `segment.rs` (raw text -> steps), `field.rs` (typed field
 //!   paths), `env.rs` (the one reader of the process environment, as a value), `rule.rs` (what a
 //!   config rule says when it refuses), `metrics.rs` (every metric name once), `priority.rs` (the
@@ -90,7 +91,7 @@ pub use config::{
     Config, ConfigError, EvaluatorConfig, KindConfig, ServerConfig, ServerFlags, install_head,
 };
 pub use dataset::{
-    DataError, Purpose, Record, Records, check_files, count_records, read_records,
+    DataError, Purpose, Record, Records, VerdictFields, check_files, count_records, read_records,
     records_from_bytes,
 };
 pub use engine::{

@@ -5,9 +5,10 @@
 //! the row (counted), never the request. The files hold users' traces: they are the owner's
 //! alone (0600).
 
+use crate::dataset::{VerdictFields, verdict_index as index};
 use crate::metrics;
 use crate::rule::{Refused, refuse};
-use crate::trace::{ErrorCategory, Judgement, Trace};
+use crate::trace::{Judgement, Trace};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
@@ -141,17 +142,11 @@ struct Row<'a> {
     steps: Vec<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reference_answer: Option<&'a str>,
-    /// The judge's first wrong step, -1 when every step holds.
-    label: i32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    category: Option<&'static str>,
-    /// The judge that decided, and the evaluator that recorded it (a cascade over it).
-    labelled_by: &'a str,
+    /// The judge's verdict, as `retrace label` writes it too.
+    #[serde(flatten)]
+    verdict: VerdictFields,
+    /// The evaluator that recorded it (a cascade over the judge).
     recorded_by: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    rationale: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    agreement: Option<f32>,
     /// A cascade's PRM's first wrong step on the same trace, -1 when none.
     #[serde(skip_serializing_if = "Option::is_none")]
     prm_label: Option<i32>,
@@ -229,12 +224,6 @@ impl Recorder {
 
     /// Queues the judge's verdict on `trace`; `prm` is a cascade's PRM's own first error.
     pub(crate) fn record(&self, trace: &Trace, judged: &Judgement, prm: Option<Option<usize>>) {
-        let label = index(judged.first_error);
-        let category = match (label, judged.category) {
-            (-1, _) => Some(ErrorCategory::None.as_str()),
-            (_, ErrorCategory::Unspecified) => None,
-            (_, c) => Some(c.as_str()),
-        };
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
@@ -244,12 +233,8 @@ impl Recorder {
             options: &trace.options,
             steps: trace.step_texts().collect(),
             reference_answer: trace.reference_answer.as_deref().filter(|r| !r.is_empty()),
-            label,
-            category,
-            labelled_by: &self.judge,
+            verdict: VerdictFields::of(judged, &self.judge),
             recorded_by: &self.evaluator,
-            rationale: judged.rationale.as_deref(),
-            agreement: judged.agreement,
             prm_label: prm.map(index),
             recorded_unix_ms: now.as_millis(),
         };
@@ -279,10 +264,6 @@ impl Recorder {
         self.queued.fetch_sub(len, Ordering::AcqRel);
         Err(refused)
     }
-}
-
-fn index(first_error: Option<usize>) -> i32 {
-    first_error.map_or(-1, |k| i32::try_from(k).unwrap_or(i32::MAX))
 }
 
 impl Writer {

@@ -2,6 +2,7 @@
 //! cut at the next start, and a full queue dropping rows instead of waiting.
 
 use super::*;
+use crate::trace::ErrorCategory;
 use serde_json::Value;
 
 fn temp(name: &str) -> PathBuf {

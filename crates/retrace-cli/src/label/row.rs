@@ -3,7 +3,7 @@
 //! `train-head` read, and what it rests on (`rationale`, `labelled_by`, `agreement`).
 
 use crate::common::Record;
-use retrace::ErrorCategory;
+use retrace::{ErrorCategory, VerdictFields};
 use serde_json::{Map, Value};
 
 /// What the evaluator said about one trace.
@@ -18,10 +18,6 @@ pub(super) struct Verdict {
     pub(super) rationale: Option<String>,
     pub(super) agreement: Option<f32>,
 }
-
-/// The fields `label` writes; an input's own values of them are replaced (its `label` and
-/// `category` are kept first as `source_label` and `source_category`).
-const WRITTEN: [&str; 5] = ["label", "category", "rationale", "labelled_by", "agreement"];
 
 /// `record`'s row with `verdict` on it. Every field the input row had is kept; `id` and
 /// `dataset` are written when it had none (the default id, and the file's split), so the row
@@ -50,31 +46,20 @@ pub(super) fn build(record: Record, verdict: Verdict) -> Map<String, Value> {
             }
         }
     }
-    for key in WRITTEN {
+    // An input's own values of the written fields are replaced (its `label` and `category`
+    // kept first as the source's, above).
+    for key in VerdictFields::KEYS {
         row.remove(key);
     }
-    row.insert("label".into(), Value::from(verdict.first_error));
-    let category = match verdict.first_error {
-        -1 => Some(ErrorCategory::None),
-        _ => Some(verdict.category).filter(|c| *c != ErrorCategory::Unspecified),
-    };
-    if let Some(c) = category {
-        row.insert("category".into(), Value::from(c.as_str()));
-    }
-    if let Some(r) = verdict.rationale {
-        row.insert("rationale".into(), Value::from(r));
-    }
-    row.insert("labelled_by".into(), Value::from(verdict.evaluator));
-    if let Some(a) = verdict.agreement {
-        row.insert("agreement".into(), Value::from(shortest(a)));
-    }
+    let fields = VerdictFields::new(
+        verdict.first_error,
+        verdict.category,
+        &verdict.evaluator,
+        verdict.rationale,
+        verdict.agreement,
+    );
+    row.extend(fields.to_map());
     row
-}
-
-/// `x` as the f64 whose decimal is `x`'s shortest (2/3 is written 0.6666667, not the widened
-/// 0.6666666865348816); read back as f32, it is `x` again.
-fn shortest(x: f32) -> f64 {
-    x.to_string().parse().unwrap_or(f64::from(x))
 }
 
 fn non_empty_string(v: &Value) -> bool {

@@ -12,12 +12,18 @@
 //! - `category`: `none`, `misinterpretation`, `hallucination` or `reasoning`, optional;
 //! - `reference_answer`, `final_answer_correct`, `generator`, optional;
 //! - `dataset`: the split the row counts under; default the file's stem (`gsm8k.json` -> gsm8k).
+//!
+//! `verdict.rs` writes the other way: an evaluator's verdict as the fields a row carries.
 
 use crate::trace::ErrorCategory;
 use serde::Deserialize;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+pub use verdict::VerdictFields;
+pub(crate) use verdict::index as verdict_index;
+
+mod verdict;
 
 /// One labelled trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -455,5 +461,4 @@ pub fn check_files(files: &[PathBuf]) -> Result<(), DataError> {
 }
 
 #[cfg(test)]
-#[path = "dataset_tests.rs"]
 mod tests;
