@@ -13,28 +13,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 
 /// What the model thread drives: a batch of encoded rows in, one score in [0, 1] per read
-/// position of each row out, in order. The candle model is one; a quantized or a remote model
+/// position of each row out, in order (`Row`). The candle model is one; a quantized or a remote model
 /// fits the same seam.
 pub trait Scorer: Send + 'static {
-    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError>;
-
-    /// `score`, with how many of each row's tokens were computed for it and how many reused
-    /// (cached, or computed once for rows sharing them); by default every token is computed.
-    fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
-        Ok(self
-            .score(batch)?
-            .into_iter()
-            .zip(batch)
-            .map(|(scores, e)| Row {
-                scores,
-                categories: Vec::new(),
-                tokens: Tokens {
-                    computed: e.ids.len(),
-                    reused: 0,
-                },
-            })
-            .collect())
-    }
+    /// Each row's scores at its read positions, in order, with how many of its tokens were
+    /// computed for it and how many reused (cached, or computed once for rows sharing them).
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError>;
 
     /// What its prefix cache holds, when it has one.
     fn cache(&self) -> Option<CacheStats> {
@@ -420,12 +404,11 @@ fn score(
     let started = Instant::now();
     let rows: Vec<&Encoded> = batch.iter().map(|p| &p.encoded).collect();
     // Caught only to answer the callers with the reason; the thread ends right after.
-    let scored =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scorer.score_rows(&rows)))
-            .map_err(|payload| BatchError::Died {
-                evaluator: name.to_string(),
-                panic: panic_message(payload.as_ref()),
-            });
+    let scored = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scorer.score(&rows)))
+        .map_err(|payload| BatchError::Died {
+            evaluator: name.to_string(),
+            panic: panic_message(payload.as_ref()),
+        });
     let scored = match scored {
         Ok(scored) => scored,
         Err(why) => {

@@ -4,6 +4,21 @@
 use super::*;
 use std::sync::Mutex;
 
+/// Each row's reads at `value`, every token computed: what a fake scorer answers.
+fn rows_at(batch: &[&Encoded], value: f32) -> Vec<Row> {
+    batch
+        .iter()
+        .map(|e| Row {
+            scores: vec![value; e.positions.len()],
+            categories: Vec::new(),
+            tokens: Tokens {
+                computed: e.ids.len(),
+                reused: 0,
+            },
+        })
+        .collect()
+}
+
 fn budget(tokens: usize, size: usize) -> Budget {
     Budget {
         max_batch_tokens: tokens,
@@ -80,7 +95,7 @@ impl Scorer for Fake {
         encoded.ids.len().saturating_sub(self.cached)
     }
 
-    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
         self.batches
             .lock()
             .unwrap()
@@ -89,10 +104,7 @@ impl Scorer for Fake {
             return Err(ScoreError::Other(message.into()));
         }
         let value = if self.nan { f32::NAN } else { 0.5 };
-        Ok(batch
-            .iter()
-            .map(|e| vec![value; e.positions.len()])
-            .collect())
+        Ok(rows_at(batch, value))
     }
 }
 
@@ -331,7 +343,7 @@ fn a_failed_or_non_finite_batch_fails_each_of_its_requests() {
 struct Panics;
 
 impl Scorer for Panics {
-    fn score(&self, _: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
+    fn score(&self, _: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
         panic!("a bug in the model")
     }
 }
@@ -392,10 +404,10 @@ struct Started {
 }
 
 impl Scorer for Started {
-    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
         let _ = self.started.lock().unwrap().send(());
         let _ = self.release.lock().unwrap().recv();
-        Ok(batch.iter().map(|e| vec![1.0; e.positions.len()]).collect())
+        Ok(rows_at(batch, 1.0))
     }
 }
 
@@ -436,9 +448,9 @@ async fn a_full_queue_is_refused_at_once() {
     /// Holds the thread in its first batch until the test lets it go.
     struct Held(Mutex<std::sync::mpsc::Receiver<()>>);
     impl Scorer for Held {
-        fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
+        fn score(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
             let _ = self.0.lock().unwrap().recv();
-            Ok(batch.iter().map(|e| vec![1.0; e.positions.len()]).collect())
+            Ok(rows_at(batch, 1.0))
         }
     }
     let (release, held) = std::sync::mpsc::channel();

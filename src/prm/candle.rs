@@ -5,19 +5,15 @@ use super::batcher::{CacheStats, Row, ScoreError, Scorer};
 use super::config::{DeviceSpec, Dtype, PrmConfig};
 use super::format::Encoded;
 use candle_core::{DType, Device};
-use retrace_model::{HeadSpec, ModelError, PrmModel, Reuse, SharedBase, Span, TrainedSpec};
+use retrace_model::{Batch, HeadSpec, ModelError, PrmModel, Reuse, SharedBase, Span, TrainedSpec};
 use std::path::Path;
 
 impl Scorer for PrmModel {
-    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
-        let rows = Scorer::score_rows(self, batch)?;
-        Ok(rows.into_iter().map(|r| r.scores).collect())
-    }
-
-    fn score_rows(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Row>, ScoreError> {
         let (rows, positions) = split(batch);
         let spans: Vec<&[Span]> = batch.iter().map(|e| e.marked_spans()).collect();
-        Ok(PrmModel::score_spans(self, &rows, &positions, &spans)?)
+        let batch = Batch::new(&rows, &positions).with_spans(&spans);
+        Ok(PrmModel::score(self, batch)?)
     }
 
     fn cache(&self) -> Option<CacheStats> {

@@ -13,7 +13,7 @@ use super::resolve_model;
 use crate::env::Env;
 use crate::trace::Trace;
 use retrace_model::{
-    HeadSpec, ModelError, PrmModel, RowStates, Tokens, average_states, span_reads, span_rows,
+    Batch, HeadSpec, ModelError, PrmModel, RowStates, Tokens, average_states, span_reads, span_rows,
 };
 use std::ops::Range;
 use std::time::Duration;
@@ -151,7 +151,7 @@ impl Extractor {
                 })
                 .collect();
             let positions: Vec<&[usize]> = wide.iter().map(Vec::as_slice).collect();
-            let states = self.model.states(&rows, &positions, &layers)?;
+            let states = self.model.states(Batch::new(&rows, &positions), &layers)?;
             for (j, (row, e)) in states.into_iter().zip(batch).enumerate() {
                 done.tokens_done += row.tokens.computed + row.tokens.reused;
                 done.tokens_computed += row.tokens.computed;

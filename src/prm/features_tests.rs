@@ -5,7 +5,7 @@ use super::super::format::Family;
 use super::*;
 use crate::trace::Step;
 use candle_core::{DType, Device};
-use retrace_model::Reuse;
+use retrace_model::{Batch, Reuse};
 use std::path::{Path, PathBuf};
 
 fn tiny() -> PathBuf {
@@ -103,7 +103,9 @@ fn features_equal_the_model_run_on_each_trace_alone() {
             let e = ex.encode(trace).unwrap();
             assert_eq!(&e.ids, ids, "the reference's ids");
             assert_eq!(features.steps.len(), trace.steps.len());
-            let st = &alone.states(&[ids], &[&e.positions], &[0, 1, 2]).unwrap()[0];
+            let st = &alone
+                .states(Batch::new(&[ids], &[&e.positions]), &[0, 1, 2])
+                .unwrap()[0];
             for (r, step) in features.steps.iter().enumerate() {
                 assert_eq!(step.len(), taps.len());
                 for (tap, f) in taps.iter().zip(step) {

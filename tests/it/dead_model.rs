@@ -21,7 +21,7 @@ use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus}
 struct Dies(Mutex<mpsc::Receiver<()>>);
 
 impl Scorer for Dies {
-    fn score(&self, _: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
+    fn score(&self, _: &[&Encoded]) -> Result<Vec<retrace_model::Row>, ScoreError> {
         let _ = self.0.lock().unwrap().recv();
         panic!("a bug in the model")
     }

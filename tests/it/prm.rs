@@ -316,10 +316,10 @@ fn a_step_that_spells_the_templates_words_is_marked_in_its_own_turn() {
 struct Records(Arc<Mutex<Vec<Encoded>>>);
 
 impl Scorer for Records {
-    fn score(&self, batch: &[&Encoded]) -> Result<Vec<Vec<f32>>, ScoreError> {
+    fn score(&self, batch: &[&Encoded]) -> Result<Vec<retrace_model::Row>, ScoreError> {
         let mut seen = self.0.lock().unwrap();
         seen.extend(batch.iter().map(|&e| e.clone()));
-        Ok(batch.iter().map(|e| vec![0.9; e.positions.len()]).collect())
+        Ok(crate::common::rows_at(batch, 0.9))
     }
 }
 

@@ -16,7 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use retrace_model::kernels::{
     add_rms_norm, causal_attention, rope_heads, silu_mul, silu_mul_joined,
 };
-use retrace_model::{HeadSpec, Kernels, PrmModel};
+use retrace_model::{Batch, HeadSpec, Kernels, PrmModel};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -115,7 +115,7 @@ fn forwards(mut model: PrmModel, s: Shape, rounds: usize, peak: f64) -> Res<[[f6
             for (i, &k) in sets.iter().enumerate() {
                 model = model.with_kernels(k)?;
                 let t = Instant::now();
-                model.states(&refs, &pos, &[s.layers])?;
+                model.states(Batch::new(&refs, &pos), &[s.layers])?;
                 // Round 0 warms up (page faults, rayon's threads).
                 if round > 0 {
                     times[b][i].push(t.elapsed().as_secs_f64());
@@ -160,7 +160,7 @@ fn profile(model: PrmModel, s: Shape, rounds: usize, len: usize) -> Res<()> {
     let ids = random_ids(len, 0, s.vocab);
     for _ in 0..rounds {
         let t = Instant::now();
-        model.states(&[&ids], &[&[len - 1]], &[s.layers])?;
+        model.states(Batch::new(&[&ids], &[&[len - 1]]), &[s.layers])?;
         let rate = len as f64 / t.elapsed().as_secs_f64();
         println!("1 x {len}: {rate:.0} tok/s");
     }

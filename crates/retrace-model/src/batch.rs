@@ -46,8 +46,38 @@ impl RowStates {
     }
 }
 
+/// A batch to score, as TEI names one: each row's token ids, the positions it is read at (in
+/// that order), and, for a trained head that pools over a step's own tokens, each read's span
+/// (`spans[b][k]` for `positions[b][k]`; other heads ignore them, and a span head given none
+/// is refused).
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    pub ids: &'a [&'a [u32]],
+    pub positions: &'a [&'a [usize]],
+    pub spans: Option<&'a [&'a [Span]]>,
+}
+
+impl<'a> Batch<'a> {
+    /// Rows `ids`, row `b` read at `positions[b]`.
+    pub fn new(ids: &'a [&'a [u32]], positions: &'a [&'a [usize]]) -> Self {
+        Batch {
+            ids,
+            positions,
+            spans: None,
+        }
+    }
+
+    /// With each read's span.
+    pub fn with_spans(self, spans: &'a [&'a [Span]]) -> Self {
+        Batch {
+            spans: Some(spans),
+            ..self
+        }
+    }
+}
+
 /// What a batch runs on: a model's decoder and head, and how it reuses tokens.
-pub(crate) struct Batch<'a> {
+pub(crate) struct Runner<'a> {
     pub(crate) decoder: &'a Decoder,
     pub(crate) head: &'a Head,
     /// The prefix cache, when it is on.
@@ -70,18 +100,18 @@ struct Pass {
     out: Output,
 }
 
-impl Batch<'_> {
+impl Runner<'_> {
     /// Scores `rows` at `positions` (checked by the caller). With the cache on, each row starts
     /// from its longest cached prefix, and what the batch computes is cached after (as much as
     /// the budget holds, least recently used evicted first).
     /// A head that reads each step's own tokens reads `spans` too (one per position, checked
     /// here), its pass laid out by `span_reads`; other heads ignore them.
-    pub(crate) fn score(
-        &self,
-        rows: &[&[u32]],
-        positions: &[&[usize]],
-        spans: Option<&[&[Span]]>,
-    ) -> Result<Vec<Row>, ModelError> {
+    pub(crate) fn score(&self, batch: Batch<'_>) -> Result<Vec<Row>, ModelError> {
+        let Batch {
+            ids: rows,
+            positions,
+            spans,
+        } = batch;
         if positions.iter().all(|p| p.is_empty()) {
             return Ok(rows.iter().map(|_| no_reads()).collect());
         }
@@ -114,10 +144,10 @@ impl Batch<'_> {
     /// the cache like `score`.
     pub(crate) fn states(
         &self,
-        rows: &[&[u32]],
-        positions: &[&[usize]],
+        batch: Batch<'_>,
         layers: &[usize],
     ) -> Result<Vec<RowStates>, ModelError> {
+        let (rows, positions) = (batch.ids, batch.positions);
         let pass = self.pass(rows, positions, layers)?;
         let tokens = row_tokens(&pass.layout, &read_lengths(positions));
         let hidden_size = pass.out.hidden.dim(1)?;

@@ -160,17 +160,19 @@ fn fused_kernels_match_candles_ops_through_the_decoder() {
         let dir = checkpoint(name, shape);
         let taps = [0, shape.layers - 1, shape.layers];
         let candle = load(&dir, Kernels::Candle, 0)
-            .states(&refs, &pos, &taps)
+            .states(Batch::new(&refs, &pos), &taps)
             .unwrap();
         let fused = load(&dir, Kernels::Fused, 0)
-            .states(&refs, &pos, &taps)
+            .states(Batch::new(&refs, &pos), &taps)
             .unwrap();
         let d = diff(&fused, &candle);
         assert!(d < 1e-5, "{name}: fused vs candle {d}");
         // The same rows over cached keys: the first 60 tokens of each scored first.
         let cached = load(&dir, Kernels::Fused, 64 << 20);
-        cached.states(&short, &short_pos, &taps[2..]).unwrap();
-        let again = cached.states(&refs, &pos, &taps[2..]).unwrap();
+        cached
+            .states(Batch::new(&short, &short_pos), &taps[2..])
+            .unwrap();
+        let again = cached.states(Batch::new(&refs, &pos), &taps[2..]).unwrap();
         let last: Vec<RowStates> = candle
             .into_iter()
             .map(|r| RowStates {

@@ -5,12 +5,13 @@
 //! reads, or a head trained on it; token ids and the positions to read go in, one score in
 //! [0, 1] per position comes out (for a sequence-classification reward model, its raw reward at
 //! the one position read; or the hidden states of chosen layers there, a trainer's features:
-//! `PrmModel::states`). Rows of a batch are packed end to end, not padded; tokens rows share are computed once, and
-//! an optional prefix cache keeps what earlier batches computed.
+//! `PrmModel::states`). Both calls take one `Batch` (ids, positions, and spans where a head reads
+//! them). Rows of a batch are packed end to end, not padded; tokens rows share are computed
+//! once, and an optional prefix cache keeps what earlier batches computed.
 //!
 //! ```
 //! use candle_core::{DType, Device};
-//! use retrace_model::{HeadSpec, PrmModel};
+//! use retrace_model::{Batch, HeadSpec, PrmModel};
 //!
 //! # fn main() -> Result<(), retrace_model::ModelError> {
 //! // A Math-Shepherd-style PRM (the repository's tiny random-weight fixture): the softmax
@@ -21,17 +22,17 @@
 //! // A trace of two steps as its family formats it: token ids, each step ending in the tag
 //! // (818 here), read at the tags.
 //! let ids: &[u32] = &[1, 446, 718, 348, 818, 391, 441, 415, 818];
-//! let scores = model.score(&[ids], &[&[4, 8]])?;
-//! assert_eq!(scores[0].len(), 2);
-//! assert!(scores[0].iter().all(|p| (0.0..=1.0).contains(p)));
+//! let rows = model.score(Batch::new(&[ids], &[&[4, 8]]))?;
+//! assert_eq!(rows[0].scores.len(), 2);
+//! assert!(rows[0].scores.iter().all(|p| (0.0..=1.0).contains(p)));
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! # Layout
-//! - `model.rs`: `PrmModel`, loading a checkpoint and the entry points (score, reuse);
+//! - `model.rs`: `PrmModel`, loading a checkpoint and its two calls (`score`, `states`) and reuse;
 //!   `error.rs`: `ModelError`.
-//! - `batch.rs`: one batch through the prefix cache (look up, lay out, run, insert, evict).
+//! - `batch.rs`: `Batch`, and one batch through the prefix cache (look up, lay out, run, insert, evict).
 //! - `config.rs`: `ModelConfig`, mirroring `config.json` (Llama, Mistral, Qwen2).
 //! - `decoder/`: the packed decoder, run in stages (`stream`, `reads`, `layer`, `attention`,
 //!   `capture`; `packing`: keys and values per packed row; `flash`: attention through the
@@ -63,7 +64,7 @@ mod prefix_cache;
 mod spans;
 mod weights;
 
-pub use batch::{Row, RowStates, Tokens};
+pub use batch::{Batch, Row, RowStates, Tokens};
 pub use checksum::checkpoint_sha256;
 pub use config::{ModelConfig, ModelConfigError};
 pub use error::ModelError;

@@ -2,7 +2,7 @@
 //! GGUF file, and its entry points (token ids and the positions to read in, step scores out; a
 //! batch's own run is `batch`'s).
 
-use crate::batch::{Batch, Row, RowStates};
+use crate::batch::{Batch, Row, RowStates, Runner};
 use crate::config::ModelConfig;
 use crate::decoder::Decoder;
 use crate::error::ModelError;
@@ -10,7 +10,6 @@ use crate::gguf::{Gguf, GgufTensors, is_gguf};
 use crate::head::{ClassifierConfig, Head, HeadSpec, Trained, TrainedSpec, matrix_rows};
 use crate::kernels::Kernels;
 use crate::prefix_cache::PrefixCache;
-use crate::spans::Span;
 use crate::weights::FileTensors;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
@@ -238,33 +237,25 @@ impl PrmModel {
         self.config.hidden_size
     }
 
-    /// Scores a batch in one forward pass: row `b` is read at `positions[b]` (in that order), and
-    /// its scores in [0, 1] come back in the same order. Rows are packed, not padded (see
-    /// `Decoder::run`).
-    pub fn score(
-        &self,
-        batch: &[&[u32]],
-        positions: &[&[usize]],
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        Ok(self
-            .score_rows(batch, positions)?
-            .into_iter()
-            .map(|r| r.scores)
-            .collect())
+    /// Scores `batch` in one forward pass: each row's scores in [0, 1] at its positions, in
+    /// order (for a sequence classifier, its raw reward), its trained head's category
+    /// probabilities, and how many of its tokens were computed and reused. Rows are packed, not
+    /// padded (see `Decoder::run`); with the prefix cache on, each row starts from its longest
+    /// cached prefix, and what the batch computes is cached after (as much as the budget holds,
+    /// least recently used evicted first). A row too long, a token outside the vocabulary or a
+    /// position past its row is refused, never indexed.
+    pub fn score(&self, batch: Batch<'_>) -> Result<Vec<Row>, ModelError> {
+        self.check_input(batch.ids, batch.positions)?;
+        self.runner().score(batch)
     }
 
-    /// The hidden states of `layers` at each row's `positions`, through the same batching and
-    /// prefix cache as `score_rows`: layer `l` < `num_layers()` is the residual stream after
-    /// decoder layer `l`, `num_layers()` the state after the final norm (what an LM head reads).
-    /// A layer below the last layer's input reuses cached prefixes only up to each row's first
-    /// read (the cache keeps no state of earlier layers).
-    pub fn states(
-        &self,
-        batch: &[&[u32]],
-        positions: &[&[usize]],
-        layers: &[usize],
-    ) -> Result<Vec<RowStates>, ModelError> {
-        self.check_input(batch, positions)?;
+    /// The hidden states of `layers` at each row's positions, through the same batching and
+    /// prefix cache as `score`: layer `l` < `num_layers()` is the residual stream after decoder
+    /// layer `l`, `num_layers()` the state after the final norm (what an LM head reads). A
+    /// layer below the last layer's input reuses cached prefixes only up to each row's first
+    /// read (the cache keeps no state of earlier layers). Spans are not read.
+    pub fn states(&self, batch: Batch<'_>, layers: &[usize]) -> Result<Vec<RowStates>, ModelError> {
+        self.check_input(batch.ids, batch.positions)?;
         let n = self.num_layers();
         if let Some(l) = layers.iter().find(|&&l| l > n) {
             return Err(ModelError::BadInput(format!(
@@ -272,7 +263,7 @@ impl PrmModel {
                  ({n} is after the final norm)"
             )));
         }
-        self.batch().states(batch, positions, layers)
+        self.runner().states(batch, layers)
     }
 
     /// That the rows fit the model and the positions their rows.
@@ -310,40 +301,13 @@ impl PrmModel {
         Ok(())
     }
 
-    /// `score`, with each row's tokens computed and reused. With the prefix cache on, each row
-    /// starts from its longest cached prefix, and what the batch computes is cached after (as
-    /// much as the budget holds, least recently used evicted first). Input is checked as
-    /// `score` checks it: a row too long, a token outside the vocabulary or a position past its
-    /// row is refused, never indexed.
-    pub fn score_rows(
-        &self,
-        batch: &[&[u32]],
-        positions: &[&[usize]],
-    ) -> Result<Vec<Row>, ModelError> {
-        self.check_input(batch, positions)?;
-        self.batch().score(batch, positions, None)
-    }
-
-    /// `score_rows` with each read's step span (its own tokens, `spans[b][k]` for
-    /// `positions[b][k]`), which a trained head that pools over spans reads; other heads
-    /// ignore them. A span head scored without spans is refused.
-    pub fn score_spans(
-        &self,
-        batch: &[&[u32]],
-        positions: &[&[usize]],
-        spans: &[&[Span]],
-    ) -> Result<Vec<Row>, ModelError> {
-        self.check_input(batch, positions)?;
-        self.batch().score(batch, positions, Some(spans))
-    }
-
-    /// Whether the head reads each step's own tokens (`score_spans`).
+    /// Whether the head reads each step's own tokens (`Batch::with_spans`).
     pub fn reads_spans(&self) -> bool {
         self.head.reads_spans()
     }
 
-    fn batch(&self) -> Batch<'_> {
-        Batch {
+    fn runner(&self) -> Runner<'_> {
+        Runner {
             decoder: &self.decoder,
             head: &self.head,
             cache: self.cache.as_ref(),

@@ -6,6 +6,11 @@ use crate::kernels::testing::{Gap, max_gap};
 use candle_core::Tensor;
 use std::time::Instant;
 
+/// Each row's scores alone, for tests that compare only those.
+pub(crate) fn scores(rows: Vec<Row>) -> Vec<Vec<f32>> {
+    rows.into_iter().map(|r| r.scores).collect()
+}
+
 const FAMILIES: [&str; 5] = [
     "qwen2-math-prm",
     "skywork-prm",
@@ -81,7 +86,7 @@ fn load(family: &str, dtype: DType) -> PrmModel {
 fn score_all(model: &PrmModel, cases: &[Case]) -> Vec<Vec<f32>> {
     let rows: Vec<&[u32]> = cases.iter().map(|c| c.ids.as_slice()).collect();
     let pos: Vec<&[usize]> = cases.iter().map(|c| c.positions.as_slice()).collect();
-    model.score(&rows, &pos).unwrap()
+    model.score(Batch::new(&rows, &pos)).map(scores).unwrap()
 }
 
 fn max_diff(got: &[Vec<f32>], want: impl Fn(usize) -> Vec<f64>) -> f64 {
@@ -153,13 +158,19 @@ fn positions_come_back_in_the_order_asked() {
     let mut rev = c.positions.clone();
     rev.reverse();
     rev.push(c.positions[0]);
-    let got = model.score(&[&c.ids, &c.ids[..3]], &[&rev, &[]]).unwrap();
+    let got = model
+        .score(Batch::new(&[&c.ids, &c.ids[..3]], &[&rev, &[]]))
+        .map(scores)
+        .unwrap();
     let mut want: Vec<f64> = c.scores.iter().rev().copied().collect();
     want.push(c.scores[0]);
     assert!(max_diff(&got[..1], |_| want.clone()) < 1e-4);
     assert!(got[1].is_empty());
     assert_eq!(
-        model.score(&[&c.ids], &[&[]]).unwrap(),
+        model
+            .score(Batch::new(&[&c.ids], &[&[]]))
+            .map(scores)
+            .unwrap(),
         vec![Vec::<f32>::new()]
     );
 }
@@ -255,10 +266,15 @@ fn load_and_input_errors_are_clear() {
 
     let model = load("skywork-prm", DType::F32);
     assert_eq!(model.max_positions(), 1024);
-    // Both public entry points check their input: `score_rows` (the batcher's) as `score` does.
+    // Both public entry points check their input: `states` (a trainer's) as `score` does.
     let bad = |rows: &[&[u32]], pos: &[&[usize]]| {
-        matches!(model.score(rows, pos), Err(ModelError::BadInput(_)))
-            && matches!(model.score_rows(rows, pos), Err(ModelError::BadInput(_)))
+        matches!(
+            model.score(Batch::new(rows, pos)),
+            Err(ModelError::BadInput(_))
+        ) && matches!(
+            model.states(Batch::new(rows, pos), &[0]),
+            Err(ModelError::BadInput(_))
+        )
     };
     assert!(bad(&[&[1, 2, 3]], &[&[3]]));
     assert!(bad(&[&[1, 2, 99_999]], &[&[0]]));
@@ -295,9 +311,15 @@ fn a_shared_prefix_is_computed_once_and_exactly() {
         let refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
         let pos: Vec<&[usize]> = positions.iter().map(Vec::as_slice).collect();
         for (take, what) in [(2, "whole prefix shared"), (3, "prefix capped at a read")] {
-            let batched = model.score(&refs[..take], &pos[..take]).unwrap();
+            let batched = model
+                .score(Batch::new(&refs[..take], &pos[..take]))
+                .map(scores)
+                .unwrap();
             for i in 0..take {
-                let alone = model.score(&refs[i..i + 1], &pos[i..i + 1]).unwrap();
+                let alone = model
+                    .score(Batch::new(&refs[i..i + 1], &pos[i..i + 1]))
+                    .map(scores)
+                    .unwrap();
                 let d = max_gap(&batched[i], &alone[0], Gap::Abs);
                 assert!(d < 1e-5, "{family}, {what}, row {i}: diff {d}");
                 assert_eq!(batched[i].len(), positions[i].len());
@@ -317,8 +339,8 @@ fn compare(
     rows: &[&[u32]],
     pos: &[&[usize]],
 ) -> (f64, Vec<Row>) {
-    let want = plain.score_rows(rows, pos).unwrap();
-    let got = cached.score_rows(rows, pos).unwrap();
+    let want = plain.score(Batch::new(rows, pos)).unwrap();
+    let got = cached.score(Batch::new(rows, pos)).unwrap();
     let mut worst = 0.0f64;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g.scores.len(), pos[i].len(), "row {i}: one score per read");
@@ -459,7 +481,7 @@ fn no_cache_and_no_sharing_compute_every_token() {
     assert!(d < 1e-5, "{d}");
     assert!(got.iter().all(|r| r.tokens.reused == 0), "{got:?}");
     // With sharing, chat-lm's rows share the chat template's opening: reused in the batch.
-    let shared = plain.score_rows(&rows, &pos).unwrap();
+    let shared = plain.score(Batch::new(&rows, &pos)).unwrap();
     assert!(
         shared[1..].iter().all(|r| r.tokens.reused > 0),
         "{shared:?}"
@@ -556,7 +578,7 @@ fn a_prefix_cache_poisoned_by_a_panic_is_reported_as_such_not_as_bad_input() {
         .join()
     });
     let rows: &[&[u32]] = &[&[1, 2, 3]];
-    let err = model.score_rows(rows, &[&[2]]).unwrap_err();
+    let err = model.score(Batch::new(rows, &[&[2]])).unwrap_err();
     assert!(matches!(err, ModelError::Poisoned(_)), "{err}");
     assert_eq!(err.to_string(), "the prefix cache was poisoned by a panic");
 }

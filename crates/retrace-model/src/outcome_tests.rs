@@ -1,6 +1,7 @@
 //! Exactness of the sequence-classification head against the tiny outcome reward models'
 //! float64 numpy reference (one checkpoint per architecture), and its load refusals.
 
+use super::tests::scores;
 use super::*;
 
 const ARCHS: [&str; 3] = ["qwen2", "llama", "mistral"];
@@ -39,9 +40,12 @@ fn every_architecture_matches_the_reference_alone_and_batched() {
         let positions: Vec<[usize; 1]> = cases.iter().map(|c| [c.1]).collect();
         let rows: Vec<&[u32]> = cases.iter().map(|c| c.0.as_slice()).collect();
         let reads: Vec<&[usize]> = positions.iter().map(|p| p.as_slice()).collect();
-        let batched = model.score(&rows, &reads).unwrap();
+        let batched = model.score(Batch::new(&rows, &reads)).map(scores).unwrap();
         for (i, (ids, pos, want)) in cases.iter().enumerate() {
-            let alone = model.score(&[ids], &[&[*pos]]).unwrap();
+            let alone = model
+                .score(Batch::new(&[ids], &[&[*pos]]))
+                .map(scores)
+                .unwrap();
             for got in [alone[0][0], batched[i][0]] {
                 assert!(
                     (f64::from(got) - want).abs() < 1e-4,

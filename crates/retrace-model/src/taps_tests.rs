@@ -73,7 +73,7 @@ fn the_top_taps_are_what_the_lm_head_reads() {
     let n = model.num_layers();
     let cases = cases("chat-lm");
     let (rows, pos) = rows_of(&cases);
-    let got = model.states(&rows, &pos, &[n - 1, n]).unwrap();
+    let got = model.states(Batch::new(&rows, &pos), &[n - 1, n]).unwrap();
     let weights = folder.join("model.safetensors");
     let embed = tensor(&weights, "model.embed_tokens.weight");
     let norm = tensor(&weights, "model.norm.weight");
@@ -123,16 +123,19 @@ fn a_tap_below_the_last_layer_is_the_output_of_a_model_cut_there() {
     // Layer 0 of three is taken from the stream as it passes; a one-layer model's layer 0
     // is its last layer's output, run at the reads only. Layer 1 of three is the last
     // layer's input; of two, the last layer's output.
-    let batched = deep.states(&rows, &pos, &[0, 1]).unwrap();
+    let batched = deep.states(Batch::new(&rows, &pos), &[0, 1]).unwrap();
     let mut d = 0.0f64;
     for (i, b) in batched.iter().enumerate() {
-        let one = |m: &PrmModel, layer| m.states(&rows[i..=i], &pos[i..=i], &[layer]).unwrap();
+        let one = |m: &PrmModel, layer| {
+            m.states(Batch::new(&rows[i..=i], &pos[i..=i]), &[layer])
+                .unwrap()
+        };
         d = d.max(max_gap(&b.layers[0], &one(&cut1, 0)[0].layers[0], Gap::Abs));
         d = d.max(max_gap(&b.layers[1], &one(&cut2, 1)[0].layers[0], Gap::Abs));
         assert_eq!(b.layers[0].len(), pos[i].len() * deep.hidden_size());
     }
     assert!(d < 1e-5, "deep taps vs cut models: {d}");
-    let err = deep.states(&rows, &pos, &[4]).unwrap_err();
+    let err = deep.states(Batch::new(&rows, &pos), &[4]).unwrap_err();
     assert!(err.to_string().contains("layer 4 is out of range"), "{err}");
 }
 
@@ -151,9 +154,11 @@ fn taps_through_the_cache_and_sharing_equal_one_trace_alone() {
     let (rows, pos) = rows_of(&cases);
     for (layers, deep) in [(vec![0, 2, 3], true), (vec![1, 2, 3], false)] {
         for round in 0..2 {
-            let got = cached.states(&rows, &pos, &layers).unwrap();
+            let got = cached.states(Batch::new(&rows, &pos), &layers).unwrap();
             for (i, g) in got.iter().enumerate() {
-                let want = &alone.states(&rows[i..=i], &pos[i..=i], &layers).unwrap()[0];
+                let want = &alone
+                    .states(Batch::new(&rows[i..=i], &pos[i..=i]), &layers)
+                    .unwrap()[0];
                 for (l, layer) in layers.iter().enumerate() {
                     let d = max_gap(&g.layers[l], &want.layers[l], Gap::Abs);
                     assert!(
@@ -299,7 +304,7 @@ fn a_trained_head_scores_sigmoid_of_its_weights_on_the_averaged_taps() {
     let cases = cases("chat-lm");
     let (rows, pos) = rows_of(&cases);
     let layers = vec![0, 2];
-    let states = plain.states(&rows, &pos, &layers).unwrap();
+    let states = plain.states(Batch::new(&rows, &pos), &layers).unwrap();
     // Groups as indices into `layers`: one mean, and two means concatenated (2H wide).
     let mean: &[&[usize]] = &[&[0, 1]];
     let concat: &[&[usize]] = &[&[1], &[0, 1]];
@@ -332,7 +337,7 @@ fn a_trained_head_scores_sigmoid_of_its_weights_on_the_averaged_taps() {
             });
         let (mut d, mut dc) = (0.0f64, 0.0f64);
         for _round in 0..2 {
-            let got = model.score_rows(&rows, &pos).unwrap();
+            let got = model.score(Batch::new(&rows, &pos)).unwrap();
             for (row, st) in got.iter().zip(&states) {
                 assert_eq!(
                     row.categories.len(),
@@ -408,10 +413,14 @@ fn a_span_head_scores_the_mean_over_each_steps_tokens_beside_the_read() {
     assert!(model.reads_spans());
     let mut d = 0.0f64;
     for _round in 0..2 {
-        let got = model.score_spans(&rows, &pos, &span_refs).unwrap();
+        let got = model
+            .score(Batch::new(&rows, &pos).with_spans(&span_refs))
+            .unwrap();
         for (b, row) in got.iter().enumerate() {
             let wide = span_reads(pos[b], &spans[b]);
-            let st = &plain.states(&rows[b..=b], &[&wide], &layers).unwrap()[0];
+            let st = &plain
+                .states(Batch::new(&rows[b..=b], &[&wide]), &layers)
+                .unwrap()[0];
             let mut first = pos[b].len();
             for (r, p) in row.scores.iter().enumerate() {
                 let mut f = average_states(&[st.at(0, r), st.at(1, r)]);
@@ -427,12 +436,15 @@ fn a_span_head_scores_the_mean_over_each_steps_tokens_beside_the_read() {
     }
     assert!(d < 1e-5, "span head: scores differ by {d}");
     // Without spans, or with a span that holds no token, the head refuses the batch.
-    let err = model.score_rows(&rows, &pos).unwrap_err().to_string();
+    let err = model
+        .score(Batch::new(&rows, &pos))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("own tokens"), "{err}");
     let mut empty = spans[0].clone();
     empty[0] = 3..3;
     let err = model
-        .score_spans(&rows[..1], &pos[..1], &[&empty])
+        .score(Batch::new(&rows[..1], &pos[..1]).with_spans(&[&empty]))
         .unwrap_err();
     assert!(
         err.to_string().contains("step 0's span holds no token"),
@@ -443,7 +455,7 @@ fn a_span_head_scores_the_mean_over_each_steps_tokens_beside_the_read() {
     let last = late.len() - 1;
     late[last] = pos[0][last]..pos[0][last] + 2;
     let err = model
-        .score_spans(&rows[..1], &pos[..1], &[&late])
+        .score(Batch::new(&rows[..1], &pos[..1]).with_spans(&[&late]))
         .unwrap_err();
     assert!(err.to_string().contains("runs past its read"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -473,8 +485,8 @@ fn heads_on_a_shared_base_hold_one_copy_and_score_as_if_each_had_its_own() {
             PrmModel::load(&folder, HeadSpec::Trained(spec), &Device::Cpu, DType::F32).unwrap();
         assert!(base.runs(&shared) && !base.runs(&alone));
         assert_eq!(
-            shared.score_rows(&rows, &pos).unwrap(),
-            alone.score_rows(&rows, &pos).unwrap(),
+            shared.score(Batch::new(&rows, &pos)).unwrap(),
+            alone.score(Batch::new(&rows, &pos)).unwrap(),
             "head {m:?}"
         );
         on_base.push(shared);

@@ -375,6 +375,21 @@ pub fn request(id: &str, evaluator: &str, trace: pb::Trace) -> pb::EvaluateReque
 }
 
 /// A free port on 127.0.0.1, for a child process that binds its own.
+/// Each row's reads at `value`, every token computed: what a fake `Scorer` answers.
+pub fn rows_at(batch: &[&retrace::Encoded], value: f32) -> Vec<retrace_model::Row> {
+    batch
+        .iter()
+        .map(|e| retrace_model::Row {
+            scores: vec![value; e.positions.len()],
+            categories: Vec::new(),
+            tokens: retrace_model::Tokens {
+                computed: e.ids.len(),
+                reused: 0,
+            },
+        })
+        .collect()
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

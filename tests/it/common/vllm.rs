@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use retrace::{Family, Formatter};
-use retrace_model::{HeadSpec, PrmModel};
+use retrace_model::{Batch, HeadSpec, PrmModel};
 use serde_json::{Map, Value, json};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -49,9 +49,9 @@ impl ReferenceScorer {
     fn score(&self, ids: &[u32], positions: &[usize]) -> Result<Vec<f32>, String> {
         let mut rows = self
             .model
-            .score(&[ids], &[positions])
+            .score(Batch::new(&[ids], &[positions]))
             .map_err(|e| e.to_string())?;
-        Ok(rows.pop().unwrap_or_default())
+        Ok(rows.pop().map(|r| r.scores).unwrap_or_default())
     }
 }
 

@@ -4,7 +4,7 @@
 use super::gemm::{Peak, Shapes};
 use candle_core::{DType, Device};
 use retrace::{Family, Formatter};
-use retrace_model::PrmModel;
+use retrace_model::{Batch, PrmModel};
 use std::path::Path;
 use std::time::Instant;
 
@@ -57,11 +57,11 @@ pub(crate) fn sweep(
             let reads: Vec<usize> = (STEP_TOKENS - 1..len).step_by(STEP_TOKENS).collect();
             let rows_ref: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
             let pos_ref: Vec<&[usize]> = vec![reads.as_slice(); batch];
-            model.score(&rows_ref, &pos_ref)?;
+            model.score(Batch::new(&rows_ref, &pos_ref))?;
             let mut best = f64::INFINITY;
             for _ in 0..reps.max(1) {
                 let t = Instant::now();
-                model.score(&rows_ref, &pos_ref)?;
+                model.score(Batch::new(&rows_ref, &pos_ref))?;
                 best = best.min(t.elapsed().as_secs_f64());
             }
             let tokens = (len * batch) as f64;
