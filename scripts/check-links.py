@@ -164,11 +164,13 @@ class Checker:
                     self.problem(src, line, f"{target}: #{anchor} in a file that is not Markdown")
                 return
             if anchor not in anchors_of(dest):
-                self.problem(src, line, f"{target}: no heading in {dest.relative_to(self.root)} has the anchor #{anchor}")
+                self.problem(src, line,
+                             f"{target}: no heading in {dest.relative_to(self.root)} has the anchor #{anchor}")
 
     def check_machine_paths(self, path, n, line):
         for m in MACHINE_PATH.finditer(line):
-            self.problem(path, n, f"names a path of one machine ({m.group(0)!r}): write $HOME/..., ~/.cache/... or a path inside the repository")
+            self.problem(path, n, f"names a path of one machine ({m.group(0)!r}): write $HOME/..., "
+                                  "~/.cache/... or a path inside the repository")
 
     def check_markdown(self, path):
         for n, line, fenced in markdown_lines(path.read_text(encoding="utf-8")):
@@ -196,7 +198,8 @@ class Checker:
                 if not any(url.startswith(p) for p in REPO_URLS):
                     if re.match(r"^https?://", url):
                         continue
-                    self.problem(path, n, f"runbook_url {url!r} is not absolute: Alertmanager shows it as it is, so use {REPO_URLS[0]}docs/...")
+                    self.problem(path, n, f"runbook_url {url!r} is not absolute: Alertmanager shows it as it is, "
+                                          f"so use {REPO_URLS[0]}docs/...")
                     continue
                 self.check_target(path, n, url, base=self.root)
 

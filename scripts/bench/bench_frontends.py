@@ -8,7 +8,8 @@ Contenders, each scoring the same ProcessBench traces with CONCURRENCY requests 
               (the ChatML prompt plus the response; the server finds the question and the steps)
 Every contender sends the question and the steps as text the server segments, so all three score
 the very same trace; their scores are compared. The server runs with its prefix cache off
-(bench-frontends.sh), or every contender after the first would find the traces cached. Rounds alternate which contender goes first.
+(bench-frontends.sh), or every contender after the first would find the traces cached. Rounds
+alternate which contender goes first.
 Prints traces/s, p50 and p99 latency, and each one's throughput over direct gRPC's.
 """
 

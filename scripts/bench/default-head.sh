@@ -35,5 +35,5 @@ cut_data "$DATA" "$OUT" --train 1000 --dev 200 --test 100 --seed 0
   --test "$OUT"/data/test-*.json --cache "$OUT/features" --out "$OUT/head" --force \
   --no-progress --seed 0 | tee "$OUT/head.log"
 zero_shot_chat_lm "$BASE" "$OUT"
-python3 scripts/bench/default_head.py --run "$OUT" --data "$OUT/data" \
+python3 -m scripts.bench.default_head --run "$OUT" --data "$OUT/data" \
   $([ "$WRITE" = 1 ] && echo "--write heads/smollm2 --fixture tests/fixtures/default-head")

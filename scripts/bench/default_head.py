@@ -1,9 +1,11 @@
-#!/usr/bin/env python3
 """The embedded default's head, after scripts/bench/default-head.sh trained it and scored
 zero-shot chat-lm beside it: prints the held-out comparison and, with --write, installs the head
 folder (its base named relative to where the server writes it, its data by file name) with a
 README of its provenance and figures; with --fixture, a few held-out traces and the verdicts
-training computed for them, which the tests ask the served default for."""
+training computed for them, which the tests ask the served default for.
+
+  python3 -m scripts.bench.default_head --run OUT --data OUT/data [--write DIR] [--fixture DIR]
+"""
 
 import argparse
 import json
@@ -12,8 +14,8 @@ import re
 import shutil
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from head_bench import TEST, parse_log, processbench_f1  # noqa: E402
+from scripts.bench.head_bench import TEST, parse_log, processbench_f1
+from scripts.lib.common import read_rows
 
 # Relative to the cache folder's heads/smollm2/, where the server installs the head.
 BASE = "../../gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -29,7 +31,7 @@ def figures(run):
     head = parse_log(open(os.path.join(run, "head.log")).read())["test"]
     chat_log = open(os.path.join(run, "chat-lm.log")).read()
     t = float(re.search(r"^threshold = ([\d.eE+-]+)", chat_log, re.M).group(1))
-    rows = [json.loads(l) for l in open(os.path.join(run, "chat-lm", "chat-lm", "test.jsonl"))]
+    rows = read_rows(os.path.join(run, "chat-lm", "chat-lm", "test.jsonl"))
     if any(r.get("error") for r in rows):
         sys.exit("default-head: some chat-lm test rows failed; rerun to resume")
     return head, processbench_f1(rows, t), processbench_f1(rows, 0.5), t
@@ -97,7 +99,7 @@ def write_fixture(run, data, dest, config, each=2):
     """The first `each` test traces of each split that the head flags and the first `each` it
     does not, with the scores training computed for them."""
     os.makedirs(dest, exist_ok=True)
-    scored = [json.loads(l) for l in open(os.path.join(run, "head", "test-scores.jsonl"))]
+    scored = read_rows(os.path.join(run, "head", "test-scores.jsonl"))
     by_id = {}
     for name in TEST.values():
         for r in json.load(open(os.path.join(data, f"test-{name}.json"))):

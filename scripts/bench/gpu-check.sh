@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared run of the GPU check, at most 8 minutes (scripts/bench/gpu_check.py holds the
-# stages).
+# stages; it runs as a module from the root, `python3 -m scripts.bench.gpu_check`).
 #
 #   scripts/bench/gpu-check.sh --bundle           # here: binary + tokenizer + traces -> target/gpu-bundle
 #   scripts/bench/gpu-check.sh [--out DIR]        # on the GPU machine (torch, transformers, a CUDA driver)
@@ -32,6 +32,9 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
+# The check itself runs from the root (below): paths given are the caller's.
+[[ -z "$BIN" || "$BIN" == /* ]] || BIN="$PWD/$BIN"
+[[ "$OUTDIR" == /* ]] || OUTDIR="$PWD/$OUTDIR"
 
 if [[ "$MODE" == bundle ]]; then
   BIN="${BIN:-${RETRACE_CUDA_TARGET_DIR:-$TGT/cuda}/release/retrace}"
@@ -54,7 +57,8 @@ fi
 mkdir -p "$OUTDIR"
 WORK="${GPU_CHECK_WORK:-$ROOT/target/gpu-check-work}"
 if [[ "$MODE" == cpu ]]; then
-  BIN="${BIN:-$(ls -t "$TGT/release/retrace" "$TGT/debug/retrace" 2>/dev/null | head -1)}"
+  # ls fails when one of the two is not built: the other is still listed.
+  BIN="${BIN:-$({ ls -t "$TGT/release/retrace" "$TGT/debug/retrace" 2>/dev/null || true; } | head -1)}"
   TOK="$CACHE/tokenizers/qwen2.5-math-prm"
   DATA="$(pb_dir)" || exit 1
   PY="${PYTHON:-$ROOT/.venv/bin/python}"
@@ -94,14 +98,15 @@ fi
 [[ -x "$BIN" ]] || { echo "no retrace binary at $BIN" >&2; exit 1; }
 "$BIN" --version > "$OUTDIR/retrace-version.txt" 2>&1 || true
 
+cd "$ROOT"
 # The whole run stays under 8 minutes; each stage inside has its own limit and result file.
 rm -f "$OUTDIR/summary.md"
 set +e
-timeout -k 10 470 "$PY" "$ROOT/scripts/bench/gpu_check.py" --mode "$MODE" --retrace "$BIN" \
+timeout -k 10 470 "$PY" -m scripts.bench.gpu_check --mode "$MODE" --retrace "$BIN" \
   --tokenizer "$TOK" --data "$DATA" --out "$OUTDIR" --work "$WORK" 2>&1 | tee "$OUTDIR/gpu-check.log"
 rc=${PIPESTATUS[0]}
 # After a timeout the stages that finished still have their files; summarise those.
-[[ -f "$OUTDIR/summary.md" ]] || "$PY" "$ROOT/scripts/bench/gpu_check.py" --summary-only --out "$OUTDIR" || true
+[[ -f "$OUTDIR/summary.md" ]] || "$PY" -m scripts.bench.gpu_check --summary-only --out "$OUTDIR" || true
 set -e
 [[ -f "$OUTDIR/summary.md" ]] && cat "$OUTDIR/summary.md"
 # Checkpoints (the 7B one is 15 GB) and the unpacked binary are scratch and must not land in $OUT.

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """The GPU check's stages (scripts/bench/gpu-check.sh runs this): random-weight Qwen2.5-Math-PRM-shaped
 checkpoints, retrace's step scores against an independent reference, throughput against a Python
 reward server, peak memory. Each stage has its own time limit and writes its result file as soon as
 it ends, so a later failure keeps what earlier stages measured.
 
-    gpu_check.py --mode cuda --retrace BIN --tokenizer DIR --data DIR --out DIR
-    gpu_check.py --mode cpu  ...   # the small f32 checkpoint, retrace on the CPU, numpy reference
+    python3 -m scripts.bench.gpu_check --mode cuda --retrace BIN --tokenizer DIR --data DIR --out DIR
+    python3 -m scripts.bench.gpu_check --mode cpu  ...   # the small f32 checkpoint, retrace on the CPU, numpy reference
 
 cuda mode needs torch + transformers (the reference is transformers' own Qwen2Model with the PRM
 head applied in torch, and the Python server is that model in bf16 with sdpa attention on padded
@@ -22,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,9 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-SCRIPTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(SCRIPTS, "fixtures"))
-sys.path.insert(0, os.path.join(SCRIPTS, "reference"))
+from scripts.lib.common import free_port
 
 # Qwen2.5-Math-PRM-7B's config.json (docs/prm-formats.md): Qwen2, bf16, untied LM head unused.
 BIG = dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
@@ -95,8 +91,8 @@ def tensor_shapes(c: dict) -> dict:
     kv = c["num_key_value_heads"] * hd
     s = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,),
          "score.0.weight": (h, h), "score.0.bias": (h,), "score.2.weight": (2, h), "score.2.bias": (2,)}
-    for l in range(c["num_hidden_layers"]):
-        p = f"model.layers.{l}."
+    for layer in range(c["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
         s.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
                   p + "self_attn.q_proj.weight": (h, h), p + "self_attn.q_proj.bias": (h,),
                   p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.k_proj.bias": (kv,),
@@ -151,18 +147,12 @@ def load_traces(data_dir, limit):
 def encode(tokenizer, traces):
     """Each trace as Qwen2.5-Math-PRM reads it (the model card's chat + <extra_0> layout), rendered
     by jinja2 and transformers (which must agree) with the positions found two ways."""
-    from real_tokenizer_ids import Tok, qwen2_math_prm
+    from scripts.fixtures.real_tokenizer_ids import Tok, qwen2_math_prm
     tok = Tok(tokenizer)
     return [qwen2_math_prm(tok, t) for t in traces]
 
 
 # ------------------------------------------------------------------ retrace as a server
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class Retrace:
     def __init__(self, binary, folder, device, dtype, out, tag, max_batch_size=64):
@@ -266,7 +256,7 @@ class Peak:
 
 def numpy_scores(folder, encoded):
     """float64 numpy forward (scripts/reference/numpy_decoder.py) with the PRM head in float64."""
-    import numpy_decoder
+    from scripts.reference import numpy_decoder
     m = numpy_decoder.load(folder)
     w = {k: np.asarray(v, dtype=np.float64) for k, v in m.weights.items()}
     out = []

@@ -62,7 +62,7 @@ done
 # held-out splits (and at its default, 0.5).
 zero_shot_chat_lm "$BASE" "$OUT"
 cat "$OUT/chat-lm.log"
-python3 scripts/bench/head_bench.py chat --out "$OUT"
+python3 -m scripts.bench.head_bench chat --out "$OUT"
 
 # Extraction against serving on the same 64 gsm8k traces, alternating, 2 rounds each: the
 # features of a fresh cache against `retrace eval` in-process on the same base and format.
@@ -91,4 +91,4 @@ t["serve"].append(int(tokens) / (end - start))
 json.dump(t, open(out + "/throughput.json", "w"))
 PY
 done
-python3 scripts/bench/head_bench.py table --out "$OUT" | tee "$OUT/results.md"
+python3 -m scripts.bench.head_bench table --out "$OUT" | tee "$OUT/results.md"

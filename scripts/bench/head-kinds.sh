@@ -65,7 +65,7 @@ done
 
 if [ "$CHAT" = 1 ]; then
   zero_shot_chat_lm "$BASE" "$OUT"
-  python3 scripts/bench/head_bench.py chat --out "$OUT" > /dev/null
+  python3 -m scripts.bench.head_bench chat --out "$OUT" > /dev/null
 fi
-python3 scripts/bench/head_bench.py kinds --out "$OUT" --taps "$TAPS" --heads "$HEADS" \
+python3 -m scripts.bench.head_bench kinds --out "$OUT" --taps "$TAPS" --heads "$HEADS" \
   | tee "$OUT/results.md"

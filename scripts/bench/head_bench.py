@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The head benchmark's data and its table.
 
 `prepare`: cuts the labelled splits into training, dev and test files, by question (one
@@ -7,6 +6,8 @@ With --more, extra training files for the learning curve's largest point.
 `table`: reads what scripts/bench/head-bench.sh ran and prints the results as markdown.
 `kinds`: the same for scripts/bench/head-kinds.sh (each tap x head kind over seeds).
 `chat`: zero-shot chat-lm's held-out F1 from `retrace calibrate`'s output.
+
+  python3 -m scripts.bench.head_bench {prepare,table,kinds,chat} ...   (from the repository root)
 """
 import argparse
 import glob
@@ -15,6 +16,8 @@ import os
 import random
 import re
 import sys
+
+from scripts.lib.common import read_rows
 
 # Splits a head trains on (a share of each goes to training, a smaller one to dev) and splits
 # it is only tested on. The training splits are the short ones, so that extraction is cheap.
@@ -155,7 +158,7 @@ def chat(a):
     """Zero-shot chat-lm's held-out F1 at the threshold calibrate chose on dev, and at 0.5."""
     log = open(os.path.join(a.out, "chat-lm.log")).read()
     t = float(re.search(r"^threshold = ([\d.eE+-]+)", log, re.M).group(1))
-    rows = [json.loads(l) for l in open(os.path.join(a.out, "chat-lm", "chat-lm", "test.jsonl"))]
+    rows = read_rows(os.path.join(a.out, "chat-lm", "chat-lm", "test.jsonl"))
     failed = [r for r in rows if r.get("error")]
     if failed:
         sys.exit(f"head-bench: {len(failed)} chat-lm test rows failed: {failed[0]['error']}")

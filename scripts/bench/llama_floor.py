@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """How far llama-server's step scores move against themselves, on one GGUF: the floor under any
 comparison of another server's scores with llama-server's.
 
@@ -17,7 +16,7 @@ logprobs). Each configuration is compared with the first, llama-server as users 
 Prints, per configuration, the steps within --tolerance (default 5e-3) of the default, the median
 and largest difference, and the first errors (score < 0.5) that agree. Standard library only.
 
-    python3 scripts/bench/llama_floor.py --llama ~/.cache/retrace/llama-server/bin/llama-server \
+    python3 -m scripts.bench.llama_floor --llama ~/.cache/retrace/llama-server/bin/llama-server \
         --gguf ~/.cache/retrace/gguf/SmolLM2-135M-Instruct.Q4_1.gguf \
         --data tests/fixtures/processbench/gsm8k.json --limit 16
 """
@@ -28,12 +27,9 @@ import math
 import os
 import statistics
 import subprocess
-import sys
-import time
-import urllib.request
 
-# The local-server helpers the stability probe already has (this folder is on the path).
-from score_stability import free_port, post
+from scripts.bench.score_stability import post
+from scripts.lib.common import free_port, wait_http
 
 # The words chat-lm scores with (src/prm/format.rs: CHAT_LM_INSTRUCTION), as the bench sends them.
 INSTRUCTION = (
@@ -56,18 +52,8 @@ def start(llama, gguf, extra, threads, log):
     env = dict(os.environ, OMP_WAIT_POLICY="passive")
     proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
     base = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        if proc.poll() is not None:
-            sys.exit(f"llama-server {' '.join(extra)} exited early; see {log.name}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, base
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("llama-server never became healthy")
+    wait_http(f"{base}/health", 120, proc, log.name)
+    return proc, base
 
 
 def step_score(top):

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Whether a trace's step scores move with what else the server is doing, on one model file.
 
 Starts `retrace serve` on MODEL (a GGUF or an HF folder, `family = "chat-lm"` unless --family)
@@ -14,7 +13,7 @@ twice over, as two evaluators in one server: `cached` (the prefix cache on) and 
 Prints a table of the largest differences; exits 1 when one passes --tolerance (default 1e-5).
 Standard library only.
 
-    python3 scripts/bench/score_stability.py --retrace target/release/retrace --model GGUF \
+    python3 -m scripts.bench.score_stability --retrace target/release/retrace --model GGUF \
         --data tests/fixtures/processbench/gsm8k.json
 """
 
@@ -23,22 +22,16 @@ import concurrent.futures as cf
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
+
+from scripts.lib.common import free_port, retrace_bin, wait_http
 
 QUESTION = "What is 2+3*4?"
 FIRST = "3*4 = 12."
 SIBLINGS = ["2+12 = 18.", "2+12 = 99."]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url, body):
@@ -74,18 +67,8 @@ def start(retrace, model, family, workdir):
     log = open(os.path.join(workdir, "serve.log"), "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{http}"
-    for _ in range(600):
-        if proc.poll() is not None:
-            sys.exit(f"retrace serve exited; see {log.name}")
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, base
-        except OSError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    sys.exit("retrace serve did not become ready in 300 s")
+    wait_http(f"{base}/health", 300, proc, log.name)
+    return proc, base
 
 
 def cache_gap(base):
@@ -115,14 +98,15 @@ def batch_gap(base, data):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--retrace", default="target/release/retrace")
+    ap.add_argument("--retrace", help="the retrace binary (default: target/release's, else "
+                    "target/debug's, else on PATH)")
     ap.add_argument("--model", required=True, help="a GGUF file or an HF folder")
     ap.add_argument("--family", default="chat-lm")
     ap.add_argument("--data", default="tests/fixtures/processbench/gsm8k.json")
     ap.add_argument("--tolerance", type=float, default=1e-5)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        proc, base = start(args.retrace, args.model, args.family, work)
+        proc, base = start(retrace_bin(args.retrace), args.model, args.family, work)
         try:
             rows, cache_worst = cache_gap(base)
             batch_worst = batch_gap(base, args.data)

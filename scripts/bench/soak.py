@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The soak: three `retrace serve` replicas on SmolLM2-135M f32 (`chat-lm`), beside a cascade
 over it and a fake judge, called through the Python client's address list (its round-robin and
 retries) and over HTTP by a mix of callers (Evaluate, a cascade's Evaluate, Rank,
@@ -16,7 +15,7 @@ restart), health Check p99 at most 50 ms while the model saturates the cores, an
 drained within shutdown_grace_s. It prints one table and writes the timeline (CSV), the RSS plot
 (SVG) and summary.json to --out, and exits 1 when a target is missed.
 
-  scripts/bench/soak.py [--minutes 30] [--out runs/soak] [--binary target/release/retrace]
+  python3 -m scripts.bench.soak [--minutes 30] [--out runs/soak] [--binary target/release/retrace]
 
 Needs the Python client in the venv (scripts/check/test-python.sh installs it) and SmolLM2 f32
 (scripts/fetch-smollm2.sh --f32).
@@ -27,7 +26,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -42,20 +40,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from retrace_client import Client, RetraceError
-
-ROOT = Path(__file__).resolve().parents[2]
+from scripts.lib.common import CACHE, ROOT, free_port, retrace_bin
 
 DEADLINE_S = 5.0
 GRACE_S = 10
 # The statuses a call may end with besides OK: shed at admission, past its deadline, a replica
 # down with no retry left; bad input only from the bad-input burst.
 EXPECTED = {"RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "UNAVAILABLE"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Wrong(Exception):
@@ -666,11 +657,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--out", type=Path, default=Path("runs/soak"))
-    ap.add_argument("--binary", default=str(ROOT / "target" / "release" / "retrace"))
-    ap.add_argument("--model", type=Path, default=Path(os.environ.get(
-        "RETRACE_CACHE_DIR", Path.home() / ".cache" / "retrace")) / "smollm2")
+    ap.add_argument("--binary", help="the retrace binary (default: target/release's, else on PATH)")
+    ap.add_argument("--model", type=Path, default=CACHE / "smollm2")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    a.binary = retrace_bin(a.binary, profiles=("release",))
     if not Path(a.binary).is_file():
         sys.exit(f"no binary at {a.binary}: build it (cargo build --release) or pass --binary")
     if not (a.model / "model.safetensors").is_file():

@@ -4,9 +4,9 @@ manifests, the cross-references between them, extraction of every PromQL express
 and the comparison of the metric names those expressions query with what a real retrace exports.
 
 It also serves the check's stand-in for a vLLM server (fake-vllm), so that a remote PRM's
-metrics appear on the scrape. Run by check-deploy.sh inside its tools venv (kubernetes-validate, cloudcoil's prometheus-operator
-models, PyYAML); each subcommand exits non-zero on the first class of failure it finds, after
-printing every instance of it.
+metrics appear on the scrape. Run by check-deploy.sh inside its tools venv (kubernetes-validate,
+cloudcoil's prometheus-operator models, PyYAML); each subcommand exits non-zero on the first class
+of failure it finds, after printing every instance of it.
 """
 
 import argparse
@@ -138,7 +138,8 @@ def reference_problems(docs, label):
             problems.append("Deployment sets replicas, which the HPA owns")
 
     for sm in by_kind["ServiceMonitor"]:
-        picked = [s for s in services if matches(sm["spec"]["selector"]["matchLabels"], s["metadata"].get("labels", {}))]
+        picked = [s for s in services
+                  if matches(sm["spec"]["selector"]["matchLabels"], s["metadata"].get("labels", {}))]
         if len(picked) != 1:
             problems.append(f"ServiceMonitor selects {len(picked)} Services; each pod must be scraped once")
         for ep in sm["spec"]["endpoints"]:
@@ -289,8 +290,10 @@ def cmd_extract(args):
     (out / "rules.yaml").write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
     exprs = [(w, grafana_to_promql(e)) for w, e in dashboard_exprs(dashboard(docs))] + adapter_exprs(args.adapter)
     rules = [{"record": f"check:query_{i}", "expr": e} for i, (_, e) in enumerate(exprs)]
-    (out / "queries.yaml").write_text(yaml.safe_dump({"groups": [{"name": "queries", "rules": rules}]}, sort_keys=False))
-    print(f"ok   extracted {sum(len(g['rules']) for g in rule['spec']['groups'])} alert rules, {len(rules)} dashboard and adapter queries")
+    (out / "queries.yaml").write_text(
+        yaml.safe_dump({"groups": [{"name": "queries", "rules": rules}]}, sort_keys=False))
+    print(f"ok   extracted {sum(len(g['rules']) for g in rule['spec']['groups'])} alert rules, "
+          f"{len(rules)} dashboard and adapter queries")
 
 
 KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
@@ -316,8 +319,10 @@ def metric_names(expr):
 
 def self_test():
     cases = {
-        'histogram_quantile(0.99, sum by (evaluator, le) (rate(a_seconds_bucket{x="y,z"}[5m]))) > 10': {"a_seconds_bucket"},
-        'sum by (judge) (rate(b_total{outcome=~"ok|c_total"}[1m])) / on(judge) group_left(pod) c_info': {"b_total", "c_info"},
+        'histogram_quantile(0.99, sum by (evaluator, le) (rate(a_seconds_bucket{x="y,z"}[5m]))) > 10':
+            {"a_seconds_bucket"},
+        'sum by (judge) (rate(b_total{outcome=~"ok|c_total"}[1m])) / on(judge) group_left(pod) c_info':
+            {"b_total", "c_info"},
         'up{job="retrace"} == 0 and d_gauge offset 5m > 1e3': {"up", "d_gauge"},
     }
     for expr, want in cases.items():
@@ -352,7 +357,8 @@ def cmd_metrics(args):
     for hpa in (d for d in docs if d["kind"] == "HorizontalPodAutoscaler"):
         for m in (m for m in hpa["spec"]["metrics"] if m["type"] == "Pods"):
             if m["pods"]["metric"]["name"] not in served:
-                problems.append(f"HPA metric {m['pods']['metric']['name']} is served by no adapter rule ({', '.join(served)})")
+                problems.append(f"HPA metric {m['pods']['metric']['name']} is served by no adapter rule "
+                                f"({', '.join(served)})")
     for where, expr in exprs:
         for name in metric_names(expr):
             used.add(name)
@@ -366,7 +372,9 @@ def cmd_metrics(args):
                 problems.append(f"{where} queries {name}, but {base} is a {types.get(base)}, not a histogram")
             if suffix == "_bucket" and types.get(base) != "histogram":
                 problems.append(f"{where} queries {name} as a histogram's buckets, but {base} is not one")
-    families = sorted({re.sub(r"_(bucket|sum|count)$", "", n) if types.get(re.sub(r"_(bucket|sum|count)$", "", n)) == "histogram" else n for n in used})
+    families = sorted({re.sub(r"_(bucket|sum|count)$", "", n)
+                       if types.get(re.sub(r"_(bucket|sum|count)$", "", n)) == "histogram" else n
+                       for n in used})
     print(f"ok   {len(exprs)} expressions query {len(families)} metrics: {' '.join(families)}")
     unused = sorted(set(types) - set(families))
     if unused:
@@ -394,7 +402,8 @@ def cmd_runbooks(args):
             url = r.get("annotations", {}).get("runbook_url", "")
             anchor = url[len(RUNBOOK_PREFIX):] if url.startswith(RUNBOOK_PREFIX) else ""
             if not anchor or anchor not in anchors:
-                problems.append(f"alert {r['alert']}: runbook_url {url!r} names no heading of {args.readme} under {RUNBOOK_PREFIX}")
+                problems.append(f"alert {r['alert']}: runbook_url {url!r} names no heading of {args.readme} "
+                                f"under {RUNBOOK_PREFIX}")
             if r["alert"] not in r["annotations"].get("description", ""):
                 problems.append(f"alert {r['alert']}: its description does not name its runbook")
             if r.get("labels", {}).get("severity") not in {"critical", "warning", "info"}:
@@ -420,7 +429,8 @@ def cmd_without_k8s_sd(args):
             unknown = set(b) - {"role", "namespaces", "selectors", "api_server", "kubeconfig_file", "attach_metadata"}
             problems += [f"job {job['job_name']}: unknown kubernetes_sd_configs key {k}" for k in sorted(unknown)]
         job["static_configs"] = [{"targets": ["127.0.0.1:9091"]}]
-        print(f"note job {job['job_name']}: kubernetes_sd_configs ({len(blocks)} block(s), roles ok) checked here, the rest by promtool")
+        print(f"note job {job['job_name']}: kubernetes_sd_configs ({len(blocks)} block(s), roles ok) "
+              "checked here, the rest by promtool")
     fail(problems, "prometheus.yml")
     Path(args.out).write_text(yaml.safe_dump(config, sort_keys=False))
 
@@ -442,7 +452,8 @@ class FakeVllm(BaseHTTPRequestHandler):
             reply = {"id": "pool-0", "object": "list", "created": 0, "model": "prm",
                      "data": [{"index": 0, "object": "pooling", "data": rows}]}
         elif self.path == "/v1/completions" and "prompt_logprobs" in body:
-            entries = [None] + [{str(t): {"logprob": -0.5, "rank": 1, "decoded_token": "x"}} for t in body["prompt"][1:]]
+            entries = [None] + [{str(t): {"logprob": -0.5, "rank": 1, "decoded_token": "x"}}
+                                for t in body["prompt"][1:]]
             reply = {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "prm",
                      "choices": [{"index": 0, "text": "+", "finish_reason": "length", "prompt_logprobs": entries}]}
         else:
@@ -467,16 +478,22 @@ def main():
     a.add_argument("rendered", nargs="+")
     a.set_defaults(run=cmd_manifests)
     a = sub.add_parser("extract", help="write rules.yaml and queries.yaml for promtool")
-    a.add_argument("rendered"); a.add_argument("adapter"); a.add_argument("out")
+    a.add_argument("rendered")
+    a.add_argument("adapter")
+    a.add_argument("out")
     a.set_defaults(run=cmd_extract)
     a = sub.add_parser("metrics", help="compare queried metric names with a scrape")
-    a.add_argument("rendered"); a.add_argument("adapter"); a.add_argument("scrape")
+    a.add_argument("rendered")
+    a.add_argument("adapter")
+    a.add_argument("scrape")
     a.set_defaults(run=cmd_metrics)
     a = sub.add_parser("runbooks", help="every alert's runbook_url names a heading of docs/operating.md")
-    a.add_argument("rendered"); a.add_argument("readme", help="the runbooks' page, docs/operating.md")
+    a.add_argument("rendered")
+    a.add_argument("readme", help="the runbooks' page, docs/operating.md")
     a.set_defaults(run=cmd_runbooks)
     a = sub.add_parser("without-k8s-sd", help="a Prometheus config with static targets for Kubernetes discovery")
-    a.add_argument("config"); a.add_argument("out")
+    a.add_argument("config")
+    a.add_argument("out")
     a.set_defaults(run=cmd_without_k8s_sd)
     a = sub.add_parser("fake-vllm", help="serve vLLM's /pooling and /v1/completions shapes on 127.0.0.1:PORT")
     a.add_argument("port", type=int)

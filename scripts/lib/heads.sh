@@ -18,7 +18,7 @@ release_bin() {
 cut_data() {
   local data=$1 out=$2
   shift 2
-  python3 scripts/bench/head_bench.py prepare --data "$data" --out "$out/data" "$@"
+  python3 -m scripts.bench.head_bench prepare --data "$data" --out "$out/data" "$@"
 }
 
 zero_shot_chat_lm() {

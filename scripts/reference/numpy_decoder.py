@@ -221,6 +221,7 @@ def load(folder: str) -> Model:
 
 if __name__ == "__main__":  # quick check: scripts/reference/numpy_decoder.py FOLDER "text"
     import sys
+
     from tokenizers import Tokenizer
 
     folder, text = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "The capital of France is"

@@ -55,7 +55,8 @@ class Batch:
         for i in self.pending:
             if i not in self._answered:
                 self.results[i] = stream_error or Internal("the stream ended without answering this item")
-        self.pending = [i for i in self.pending if isinstance(self.results[i], RetraceError) and self.results[i].retryable]
+        self.pending = [i for i in self.pending
+                        if isinstance(self.results[i], RetraceError) and self.results[i].retryable]
         self._answered = set()
         return bool(self.pending)
 

@@ -40,7 +40,8 @@ from ._per_loop import PerLoop
 from .aio import AsyncClient
 from .errors import RetraceError
 from .models import Verdict
-from .rewards import check_rule, reward as apply_rule
+from .rewards import check_rule
+from .rewards import reward as apply_rule
 
 log = logging.getLogger("retrace_client.areal")
 
@@ -179,7 +180,8 @@ class RetraceScorer:
     ):
         check_rule(reward)
         if not scalar and tokenizer is None:
-            raise ValueError("dense rewards need a tokenizer to place step ends on tokens: pass tokenizer=, or scalar=True")
+            raise ValueError("dense rewards need a tokenizer to place step ends on tokens: "
+                             "pass tokenizer=, or scalar=True")
         self.evaluator, self.threshold, self.tokenizer = evaluator, threshold, tokenizer
         self.scalar, self.reward, self.empty_reward = scalar, reward, empty_reward
         kwargs = dict(addresses=address, token=token, tls=tls, root_certificates=root_certificates)

@@ -28,7 +28,8 @@ from ._per_loop import PerLoop
 from .aio import AsyncClient
 from .client import Client
 from .errors import RetraceError
-from .rewards import check_rule, reward as apply_rule
+from .rewards import check_rule
+from .rewards import reward as apply_rule
 
 log = logging.getLogger("retrace_client.trl")
 

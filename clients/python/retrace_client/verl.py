@@ -39,7 +39,8 @@ from retrace_client._per_loop import PerLoop
 from retrace_client.aio import AsyncClient
 from retrace_client.client import Client
 from retrace_client.errors import RetraceError
-from retrace_client.rewards import check_rule, reward as apply_rule
+from retrace_client.rewards import check_rule
+from retrace_client.rewards import reward as apply_rule
 
 log = logging.getLogger("retrace_client.verl")
 

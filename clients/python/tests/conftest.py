@@ -60,7 +60,8 @@ def fake_judge():
 
 @pytest.fixture(scope="session")
 def server(binary, fake_judge):
-    with LocalServer(PRM + judge_table(fake_judge.base_url), binary=binary, server_extra='default_evaluator = "tiny"') as s:
+    with LocalServer(PRM + judge_table(fake_judge.base_url), binary=binary,
+                     server_extra='default_evaluator = "tiny"') as s:
         yield s
 
 

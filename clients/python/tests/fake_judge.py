@@ -62,7 +62,8 @@ class FakeJudge:
                 index, category = verdict_of(prompt)
                 if "response_format" in body:
                     content = json.dumps(
-                        {"analysis": f"fake review: first error {index}", "earliest_error": index, "error_category": category}
+                        {"analysis": f"fake review: first error {index}", "earliest_error": index,
+                         "error_category": category}
                     )
                 else:
                     content = f"fake review.\n\\boxed{{{index}}}\nCategory: {category}"

@@ -69,10 +69,10 @@ async def test_rank_agrees_with_sync(server, sync):
     b = sync.rank(QUESTION, candidates)
     # The first two candidates are one trace (as text and as steps): they tie, and a tie within
     # float noise of the batch they land in may break either way, so compare by candidate.
-    by_index = lambda r: {c.index: c.verdict for c in r.ranked}
     assert sorted(a.order) == sorted(b.order) == [0, 1, 2]
-    for i, v in by_index(a).items():
-        assert_same_verdict(v, by_index(b)[i])
+    b_by_index = {r.index: r.verdict for r in b.ranked}
+    for r in a.ranked:
+        assert_same_verdict(r.verdict, b_by_index[r.index])
     scores = [c.verdict.trace_score for c in a.ranked]
     assert scores == sorted(scores, reverse=True)
 

@@ -48,7 +48,8 @@ def test_unknown_evaluator(server):
 
 def test_error_survives_pickling():
     e = pickle.loads(pickle.dumps(InvalidArgument("trace.question: is required", address="h:1")))
-    assert (type(e), e.code, e.message, e.address) == (InvalidArgument, "INVALID_ARGUMENT", "trace.question: is required", "h:1")
+    assert (type(e), e.code, e.message, e.address) == (
+        InvalidArgument, "INVALID_ARGUMENT", "trace.question: is required", "h:1")
 
 
 def test_round_robin_moves_past_a_dead_address(server, dead):
@@ -135,7 +136,8 @@ def test_deadline_exceeded_on_a_slow_judge(server):
 
 
 def test_deadline_in_evaluate_many_marks_unfinished_items(server):
-    items = [{"question": QUESTION, "steps": STEPS}, {"question": "SLOW question", "steps": STEPS, "evaluator": "judge"}]
+    items = [{"question": QUESTION, "steps": STEPS},
+             {"question": "SLOW question", "steps": STEPS, "evaluator": "judge"}]
     with Client(server.address) as c:
         t = time.monotonic()
         results = c.evaluate_many(items, timeout=1.0)
@@ -165,7 +167,8 @@ def test_bearer_token(auth_server, monkeypatch):
         assert c.health()
         with pytest.raises(Unauthenticated):
             c.evaluate(QUESTION, STEPS)
-        assert all(isinstance(r, Unauthenticated) for r in c.evaluate_many([{"question": QUESTION, "steps": STEPS}] * 2))
+        results = c.evaluate_many([{"question": QUESTION, "steps": STEPS}] * 2)
+        assert all(isinstance(r, Unauthenticated) for r in results)
     with Client(auth_server.address, token="not-a-token") as c, pytest.raises(Unauthenticated):
         c.list_evaluators()
     for token in TOKENS:

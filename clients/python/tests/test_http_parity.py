@@ -19,7 +19,10 @@ from retrace_client.trl import reward_function
 Q = "What is 2+3*4?"
 RESPONSE = "3*4 = 12.\n\n2 + 12 = 14.\n\nThe answer is 14."
 PROMPTS = {
-    "chatml": (f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{Q}<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>"),
+    "chatml": (
+        f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n{Q}<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_end|>",
+    ),
     "llama3": (
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
         f"<|start_header_id|>user<|end_header_id|>\n\n{Q}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",

@@ -80,7 +80,8 @@ class ScriptedEvaluator:
     @staticmethod
     def _answer(request):
         step = pb.StepVerdict(text=STEPS[0], score=0.9)
-        return pb.EvaluateResponse(id=request.id, evaluator="scripted", first_error_index=-1, steps=[step], trace_score=0.9)
+        return pb.EvaluateResponse(id=request.id, evaluator="scripted", first_error_index=-1, steps=[step],
+                                   trace_score=0.9)
 
     def _evaluate(self, request, context):
         self._arrive(context)
@@ -189,7 +190,8 @@ def test_pushback_parsing():
 
 
 def test_retry_after_survives_pickling():
-    for error in (from_code("RESOURCE_EXHAUSTED", "busy", "h:1", 0.25), RetraceError("odd", code="ABORTED", retry_after=2.0)):
+    for error in (from_code("RESOURCE_EXHAUSTED", "busy", "h:1", 0.25),
+                  RetraceError("odd", code="ABORTED", retry_after=2.0)):
         back = pickle.loads(pickle.dumps(error))
         assert (type(back), back.code, back.message, back.address, back.retry_after) == (
             type(error), error.code, error.message, error.address, error.retry_after)

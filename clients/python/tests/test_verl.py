@@ -7,8 +7,10 @@ verl/trainer/ppo/reward.py, get_custom_reward_fn: loads custom_reward_function.p
     def _call_with_kwargs(raw_fn, extra_kwargs, *args, **kwargs): return raw_fn(*args, **{**kwargs, **extra_kwargs})
 verl/workers/reward_manager/naive.py, NaiveRewardManager.__call__:
     extra_info = data_item.non_tensor_batch.get("extra_info", {}); extra_info["num_turns"] = num_turns
-    score = self.compute_score(data_source=data_source, solution_str=response_str, ground_truth=ground_truth, extra_info=extra_info)
-    if isinstance(score, dict): reward = score["score"]; for key, value in score.items(): reward_extra_info[key].append(value)
+    score = self.compute_score(data_source=data_source, solution_str=response_str,
+                               ground_truth=ground_truth, extra_info=extra_info)
+    if isinstance(score, dict): reward = score["score"];
+        for key, value in score.items(): reward_extra_info[key].append(value)
 The reward loop's managers (experimental/reward_loop/reward_manager/*.py) await a coroutine
 function with the same keywords, plus reward_router_address and reward_model_tokenizer when a
 reward model router runs. verl/workers/reward_manager/batch.py, BatchRewardManager.verify:
@@ -37,7 +39,8 @@ from retrace_client import Client, InvalidArgument, Unavailable
 from retrace_client import verl as adapter
 from retrace_client.testing import free_port
 
-QUESTION = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
+QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+            "How many clips did Natalia sell altogether in April and May?")
 SOLUTION = "In May she sold 48 / 2 = 24 clips.\n\nAltogether she sold 48 + 24 = 72 clips.\n\n#### 72"
 
 

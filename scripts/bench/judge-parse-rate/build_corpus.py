@@ -94,10 +94,10 @@ def expect_of(r):
 def bare_answer_line(text, n):
     """No box: the parser's documented fallback of a final line that is only an index ("-1"),
     checked by hand on every reply where it applied. Anything else without a box is no answer."""
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    answers = [l for l in lines if not re.match(r"\W*category", l, re.I)]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    answers = [line for line in lines if not re.match(r"\W*category", line, re.I)]
     if answers and re.fullmatch(r"-?\d+", answers[-1]):
-        cats = [m.group(1) for l in lines if (m := re.match(r"\W*Category:\W*(\w+)", l, re.I))]
+        cats = [m.group(1) for line in lines if (m := re.match(r"\W*Category:\W*(\w+)", line, re.I))]
         cat = cats[-1].capitalize() if cats and cats[-1].capitalize() in CATEGORIES else None
         expect = verdict(int(answers[-1]), cat, n)
         return dict(expect, note="a bare final answer line, no box (checked by hand)")

@@ -7,15 +7,20 @@ came back readable (short verdict-only replies, read with build_corpus.py's orac
 tests/it/judge_replies.rs holds equal to retrace's parser); failed requests and F1 (retrace eval's
 summary.json); seconds per trace (the eval's wall time, MODE.seconds).
 
-Usage: table.py OUT_DIR MODE...
+Usage: table.py OUT_DIR MODE...   (run as a file: this folder's name is no module name, and
+Python puts the script's own folder, build_corpus.py's, first on its path)
 """
 
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-from build_corpus import expect_of  # noqa: E402
+from build_corpus import expect_of
+
+
+def fmt(v):
+    return "n/a" if v is None else f"{v:.1f}"
+
 
 out, modes = sys.argv[1], sys.argv[2:]
 replies = [json.loads(line) for line in open(os.path.join(out, "replies.jsonl"))]
@@ -34,7 +39,6 @@ for mode in modes:
     failed = sum(x["failed"] for x in s["splits"])
     pb = [f1[k] for k in ("gsm8k", "math") if f1.get(k) is not None]
     secs = float(open(os.path.join(out, f"{mode}.seconds")).read())
-    fmt = lambda v: "n/a" if v is None else f"{v:.1f}"
     n = len(first)
     print(f"| {mode} | {n} | {read} ({100 * read / n:.1f}%) | {read + rescued} "
           f"({100 * (read + rescued) / n:.1f}%) | {failed} of {traces} "

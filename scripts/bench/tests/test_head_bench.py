@@ -1,9 +1,5 @@
 """The head benchmark's reading of train-head's output."""
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from head_bench import kinds, parse_log  # noqa: E402
+from scripts.bench.head_bench import kinds, parse_log
 
 # train-head's summary as it prints it (crates/retrace-cli/src/main.rs).
 LOG = """\

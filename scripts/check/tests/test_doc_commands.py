@@ -1,9 +1,5 @@
 """The documentation-command check's reading of Markdown, against help text written here."""
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from doc_commands import Help, check  # noqa: E402
+from scripts.check.doc_commands import Help, check
 
 # clap's help as the binary prints it, cut down to what the check reads.
 TOP = """\

@@ -1,11 +1,8 @@
 """The map check on planted trees: a module missing from a layout comment, an area missing from
 tests/it/main.rs or from the test table, and a tree where everything is named."""
-import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import maps  # noqa: E402
+from scripts.check import maps
 
 
 def plant(tmp: Path, *, layout: str, main_mods: str, table: str):

@@ -1,12 +1,9 @@
 """The learning loop's own logic: the split that keeps choosing and comparing apart, and the
 swap that leaves the serving folder as it was when the reload call fails."""
-import os
-import socket
-import sys
 from types import SimpleNamespace
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import distill  # noqa: E402
+from scripts.learn import distill
+from scripts.lib.common import free_port
 
 
 def rows(n):
@@ -28,14 +25,6 @@ def test_the_candidate_is_compared_on_rows_it_never_chose_on():
     assert newest == compare[-12:]
 
 
-def closed_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_a_reload_call_that_fails_puts_the_serving_head_back(tmp_path):
     head = tmp_path / "head"
     head.mkdir()
@@ -44,7 +33,8 @@ def test_a_reload_call_that_fails_puts_the_serving_head_back(tmp_path):
     candidate.mkdir()
     (candidate / "config.json").write_text('{"serving": false}')
     setup = SimpleNamespace(head=head, prm="h")
-    a = SimpleNamespace(http=f"http://127.0.0.1:{closed_port()}", token_env=None)
+    # A port nothing listens on: the reload call is refused.
+    a = SimpleNamespace(http=f"http://127.0.0.1:{free_port()}", token_env=None)
     ok, answer = distill.swap(setup, candidate, tmp_path / "aside", a)
     assert not ok
     assert "reload call failed" in answer["error"]

@@ -1,0 +1,1 @@
+"""Measurements: speed and reuse, front doors, trained heads, score stability, the GPU check."""

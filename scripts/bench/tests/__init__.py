@@ -1,0 +1,1 @@
+"""Tests of the bench scripts' parsing (run by scripts/check/test-python.sh)."""

@@ -1,0 +1,1 @@
+"""Checks beyond `cargo test`: code shape, maps, doc commands, deploy/, tokenizers."""

@@ -1,0 +1,1 @@
+"""Tests of the checks' parsers (run by scripts/check/test-python.sh)."""

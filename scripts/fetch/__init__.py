@@ -1,0 +1,1 @@
+"""Setting up: models, tokenizers and the GGUF and checkpoint converters."""

@@ -1,0 +1,1 @@
+"""The learning loop: distill.py, the oracle judge and the loop's measurement."""

@@ -1,0 +1,1 @@
+"""Tests of the learning loop's logic (run by scripts/check/test-python.sh)."""

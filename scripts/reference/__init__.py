@@ -1,0 +1,1 @@
+"""The independent numpy forward pass the fixtures' expected scores come from."""
