@@ -39,6 +39,8 @@ impl Env {
     fn var(&self, key: &str) -> Option<String> {
         match &self.fixed {
             Some(vars) => vars.get(key).cloned(),
+            // The one reader of the process environment (clippy.toml keeps it so).
+            #[allow(clippy::disallowed_methods)]
             None => std::env::var(key).ok(),
         }
     }
@@ -60,6 +62,12 @@ impl Env {
         var("HF_HUB_CACHE")
             .or_else(|| var("HF_HOME").map(|h| h.join("hub")))
             .or_else(|| var("HOME").map(|h| h.join(".cache/huggingface/hub")))
+    }
+
+    /// `$RETRACE_SIMD`: the widest vector unit the kernels may use (`avx512`, `avx2`, `base`),
+    /// which the binary passes to `retrace_model::kernels::cap_simd`.
+    pub fn simd(&self) -> Option<String> {
+        self.secret("RETRACE_SIMD")
     }
 
     /// The trimmed value of `var`; `None` when it is unset or blank.

@@ -79,8 +79,10 @@ fn by_name(config: &Config, loader: EvaluatorLoader) -> LoadByName {
 /// Builds the product's evaluators: each kind's real implementation. Adding a kind is a variant
 /// in `config::KindConfig` and an arm here.
 pub fn default_loader() -> EvaluatorLoader {
-    Arc::new(|cfg, loaded| match &cfg.kind {
-        KindConfig::Prm(p) => Ok(prm::load(&cfg.name, cfg.max_concurrency, p)?),
+    // The bases its trained heads share, a reload's new head with the old one included.
+    let bases = prm::Bases::default();
+    Arc::new(move |cfg, loaded| match &cfg.kind {
+        KindConfig::Prm(p) => Ok(prm::load(&cfg.name, cfg.max_concurrency, p, &bases)?),
         KindConfig::Judge(j) => Ok(engine::shared(judge::load(
             &cfg.name,
             cfg.max_concurrency,

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """retrace's learning loop: retrain a cascade's head from what its judge decided, and swap it in
 only when it is no worse than the head serving.
 
@@ -24,7 +23,7 @@ It is a script over the commands rather than a command of its own: each step is 
 exists (train-head, eval, the reload call), an operator can rerun any one of them by hand from the
 round's folder, and the server needs nothing but its reload call. Standard library only.
 
-  scripts/learn/distill.py --config retrace.toml --evaluator CASCADE --http http://127.0.0.1:8080 \\
+  python3 -m scripts.learn.distill --config retrace.toml --evaluator CASCADE --http http://127.0.0.1:8080 \\
       [--seed FILE ...] [--every 500] [--dev-share 0.2] [--work retrace-distill] [--once]
 """
 
@@ -40,7 +39,7 @@ import tomllib
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from scripts.lib.common import retrace_bin, write_jsonl
 
 
 def parse_args(argv):
@@ -67,18 +66,6 @@ def parse_args(argv):
     if min(a.every, a.chunk, a.max_dev) < 1 or not 0.0 < a.dev_share < 1.0:
         ap.error("--every, --chunk and --max-dev must be at least 1, --dev-share in (0, 1)")
     return a
-
-
-# This and write_jsonl are scripts/lib/common.py's, copied: this script runs as a file with a bare
-# python3 (tests/it/learn.rs, an operator beside the server), where `scripts` is not importable.
-def retrace_bin(given):
-    if given:
-        return str(given)
-    for profile in ("release", "debug"):
-        b = ROOT / "target" / profile / "retrace"
-        if b.is_file():
-            return str(b)
-    return shutil.which("retrace") or sys.exit("no retrace binary: build it or pass --retrace")
 
 
 class Setup:
@@ -144,10 +131,6 @@ def split(rows, share, max_compare):
     select = [r for r in held if not to_compare(r["question"])]
     compare = [r for r in held if to_compare(r["question"])][-max_compare:]
     return train, select, compare
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def write_chunks(folder, rows, size):

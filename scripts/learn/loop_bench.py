@@ -171,12 +171,11 @@ def main(argv):
         table = []
         for k in range(a.rounds):
             results, seconds = run_round(http, stream[k * a.round:(k + 1) * a.round], a.callers)
-            # distill.py stands alone: an operator and tests/it/learn.rs run it as a file.
-            d = subprocess.run([sys.executable, str(Path(__file__).with_name("distill.py")),
+            d = subprocess.run([sys.executable, "-m", "scripts.learn.distill",
                                 "--config", str(config), "--evaluator", "c", "--http", http,
                                 "--retrace", retrace, "--seed", str(seed_file),
                                 "--work", str(work / "distill"), "--once", "--max-dev", str(a.max_dev)],
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, cwd=ROOT)
             decision = (d.stdout.strip().splitlines() or [d.stderr.strip()[-300:]])[-1]
             if a.judge_url:
                 def judge_of(traces):

@@ -37,6 +37,13 @@ pub struct Description {
     pub model: String,
 }
 
+/// A trained head and its base, each by its checksum (`retrace_model::checkpoint_sha256`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadChecksums {
+    pub head_sha256: String,
+    pub base_sha256: String,
+}
+
 /// One unit of work handed to an evaluator.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -86,6 +93,12 @@ pub trait Evaluator: Send + Sync + 'static {
     /// Its own threshold (a trained head's calibrated one), which applies when the config
     /// sets none.
     fn threshold(&self) -> Option<f32> {
+        None
+    }
+
+    /// The trained head it serves and that head's base, by checksum; `None` for anything but
+    /// a trained head. `retrace_head_info` follows it as the slot's evaluator is set.
+    fn head(&self) -> Option<HeadChecksums> {
         None
     }
 

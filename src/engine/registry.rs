@@ -119,7 +119,7 @@ impl Engine {
             metrics::record_model_load(name, started.elapsed());
             tracing::info!(evaluator = %name, seconds = started.elapsed().as_secs_f64(), "evaluator loaded");
             metrics::set_ready(name, true);
-            slot.evaluator.set(evaluator);
+            slot.serve(evaluator);
             loaded.insert(name.clone(), Arc::new(Gated(slot.clone())));
         }
         *self.reloader.lock().await = Some(Reloader { loader, loaded });

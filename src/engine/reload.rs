@@ -60,7 +60,7 @@ impl Engine {
         let model = new.describe().model;
         metrics::set_ready(&name, new.ready());
         // The old one goes when the last request that holds it ends.
-        drop(slot.evaluator.set(new));
+        drop(slot.serve(new));
         self.swapped();
         let seconds = started.elapsed().as_secs_f64();
         metrics::record_reload(&name, "swapped");

@@ -3,7 +3,9 @@
 
 use super::current::Current;
 use super::pace::{self, Pace, Sharing, Ticket, TooSlow};
-use super::{DEFAULT_THRESHOLD, Description, EngineError, Evaluator, Job, Limit, Request};
+use super::{
+    DEFAULT_THRESHOLD, Description, EngineError, Evaluator, HeadChecksums, Job, Limit, Request,
+};
 use crate::field::FieldPath;
 use crate::metrics;
 use crate::trace::{Aggregate, Judgement, Trace, Verdict};
@@ -74,6 +76,17 @@ impl Slot {
     }
 
     /// The loaded evaluator's description, or what its table says while it loads.
+    /// Serves `evaluator` from now on, with the head-info gauge following it; the one it
+    /// replaces, if any.
+    pub(super) fn serve(&self, evaluator: Arc<dyn Evaluator>) -> Option<Arc<dyn Evaluator>> {
+        let now = evaluator.head();
+        let before = self.evaluator.set(evaluator);
+        let was = before.as_ref().and_then(|b| b.head());
+        let pair = |h: &HeadChecksums| [h.head_sha256.clone(), h.base_sha256.clone()];
+        metrics::set_head(&self.name, was.as_ref().map(pair), now.as_ref().map(pair));
+        before
+    }
+
     pub(super) fn describe(&self) -> Description {
         match self.evaluator.get() {
             Some(e) => e.describe(),
@@ -293,6 +306,10 @@ impl Evaluator for Gated {
 
     fn why_not_ready(&self) -> Option<String> {
         self.0.evaluator.get()?.why_not_ready()
+    }
+
+    fn head(&self) -> Option<HeadChecksums> {
+        self.0.evaluator.get().and_then(|e| e.head())
     }
 
     fn generation(&self) -> u64 {

@@ -2,8 +2,6 @@
 //! verdicts recorded, and evaluators reloaded.
 
 use metrics::{counter, describe_counter, describe_gauge, gauge};
-use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
 
 pub(crate) const CASCADE_PATHS: &str = "retrace_cascade_total";
 pub(crate) const RECORDED: &str = "retrace_recorded_total";
@@ -127,21 +125,19 @@ pub(crate) fn record_reload(evaluator: &str, outcome: &'static str) {
     counter!(RELOADS, "evaluator" => evaluator.to_string(), "outcome" => outcome).increment(1);
 }
 
-/// The head (and base) each evaluator serves, so a reload can set its predecessor's series to 0.
-static HEADS: LazyLock<Mutex<HashMap<String, [String; 2]>>> = LazyLock::new(Default::default);
-
-/// `evaluator` now serves the head `head_sha256` over the base `base_sha256`.
-pub(crate) fn set_head(evaluator: &str, head_sha256: &str, base_sha256: &str) {
-    let series = |[head, base]: [String; 2]| gauge!(HEAD_INFO, "evaluator" => evaluator.to_string(), "head_sha256" => head, "base_sha256" => base);
-    let now = [head_sha256.to_string(), base_sha256.to_ascii_lowercase()];
-    // Only what the gauges say sits behind this lock; a panic cannot leave it half-written.
-    let mut heads = HEADS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(before) = heads.insert(evaluator.to_string(), now.clone())
-        && before != now
-    {
+/// `evaluator` now serves the head and base `now` (head then base checksum; none for anything
+/// but a trained head) where it served `before`, whose series goes to 0.
+pub(crate) fn set_head(evaluator: &str, before: Option<[String; 2]>, now: Option<[String; 2]>) {
+    let series = |[head, base]: [String; 2]| {
+        let base = base.to_ascii_lowercase();
+        gauge!(HEAD_INFO, "evaluator" => evaluator.to_string(), "head_sha256" => head, "base_sha256" => base)
+    };
+    if let Some(before) = before.filter(|b| now.as_ref() != Some(b)) {
         series(before).set(0.0);
     }
-    series(now).set(1.0);
+    if let Some(now) = now {
+        series(now).set(1.0);
+    }
 }
 
 /// What a cascade's calibration chose, as gauges: `threshold` None while every trace escalates.

@@ -53,9 +53,9 @@ fn head(dir: &Path, base: &Path, bias: f32) {
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
 }
 
-fn load(dir: &Path) -> PrmEvaluator {
+fn load(dir: &Path, bases: &Bases) -> PrmEvaluator {
     let cfg = PrmConfig::new(PrmKind::Head, dir.display().to_string());
-    PrmEvaluator::load("head", 1, &cfg).unwrap()
+    PrmEvaluator::load_sharing("head", 1, &cfg, bases).unwrap()
 }
 
 fn base_of(e: &PrmEvaluator) -> &Arc<SharedBase> {
@@ -72,14 +72,15 @@ fn heads_on_one_base_share_it_and_it_goes_with_the_last() {
     head(&dir.join("b"), &base, 0.2);
     head(&dir.join("c"), &other, 0.3);
 
-    let a = load(&dir.join("a"));
-    let b = load(&dir.join("b"));
+    let bases = Bases::default();
+    let a = load(&dir.join("a"), &bases);
+    let b = load(&dir.join("b"), &bases);
     assert!(
         Arc::ptr_eq(base_of(&a), base_of(&b)),
         "b loaded the base again"
     );
     assert_eq!(a.head.as_ref().unwrap().config.threshold, 0.5);
-    let c = load(&dir.join("c"));
+    let c = load(&dir.join("c"), &bases);
     assert!(
         !Arc::ptr_eq(base_of(&a), base_of(&c)),
         "another checksum, another base"
@@ -88,11 +89,11 @@ fn heads_on_one_base_share_it_and_it_goes_with_the_last() {
     // A reload's order: the new head loads while the old one serves, then the old one goes.
     let weak = Arc::downgrade(base_of(&a));
     drop(a);
-    let b2 = load(&dir.join("b"));
+    let b2 = load(&dir.join("b"), &bases);
     assert!(Arc::ptr_eq(base_of(&b), base_of(&b2)));
     drop((b, b2));
     assert_eq!(weak.strong_count(), 0, "the base outlived its heads");
-    let a = load(&dir.join("a"));
+    let a = load(&dir.join("a"), &bases);
     assert!(!Arc::ptr_eq(base_of(&a), base_of(&c)));
     drop((a, c));
     std::fs::remove_dir_all(&dir).unwrap();

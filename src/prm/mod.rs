@@ -2,6 +2,7 @@
 //! formatting, and the batching model thread, behind the engine's `Evaluator` trait.
 
 mod bases;
+pub(crate) use bases::Bases;
 mod batcher;
 mod candle;
 mod config;
@@ -19,7 +20,7 @@ pub use batcher::{ScoreError, Scorer};
 pub use config::{Backend, CandleConfig, DeviceSpec, Dtype, PrmConfig, VllmConfig};
 pub(crate) use config::{MOVED_TO_VLLM, defaults};
 
-use crate::engine::{Description, EngineError, Evaluator, Job, Limit};
+use crate::engine::{Description, EngineError, Evaluator, HeadChecksums, Job, Limit};
 use crate::env::Env;
 use crate::field::FieldPath;
 use crate::metrics;
@@ -112,14 +113,18 @@ pub struct PrmEvaluator {
     base: Option<Arc<SharedBase>>,
     /// A trained head's record of reference answers, against what it serves.
     references: head::ReferenceWatch,
+    /// A trained head's checksum and its base's.
+    checksums: Option<HeadChecksums>,
 }
 
 /// Loads the PRM an `[[evaluator]]` table describes (runs on a blocking thread): the checkpoint
-/// on candle, or the formatter in front of a vLLM server.
+/// on candle, or the formatter in front of a vLLM server. A trained head shares its base
+/// through `bases` with the other heads the same loader built.
 pub(crate) fn load(
     name: &str,
     max_concurrency: usize,
     cfg: &PrmConfig,
+    bases: &Bases,
 ) -> Result<Arc<dyn Evaluator>, PrmLoadError> {
     if let (Backend::Vllm, Some(vllm)) = (cfg.backend, &cfg.vllm) {
         return Ok(Arc::new(remote::RemotePrm::load(
@@ -129,17 +134,33 @@ pub(crate) fn load(
             vllm,
         )?));
     }
-    Ok(Arc::new(PrmEvaluator::load(name, max_concurrency, cfg)?))
+    Ok(Arc::new(PrmEvaluator::load_sharing(
+        name,
+        max_concurrency,
+        cfg,
+        bases,
+    )?))
 }
 
 impl PrmEvaluator {
+    /// The PRM `cfg` describes, on candle; a trained head's base is loaded for it alone.
     pub fn load(
         name: &str,
         max_concurrency: usize,
         cfg: &PrmConfig,
     ) -> Result<PrmEvaluator, PrmLoadError> {
+        Self::load_sharing(name, max_concurrency, cfg, &Bases::default())
+    }
+
+    /// `load`, a trained head sharing its base with the heads `bases` holds.
+    pub(crate) fn load_sharing(
+        name: &str,
+        max_concurrency: usize,
+        cfg: &PrmConfig,
+        bases: &Bases,
+    ) -> Result<PrmEvaluator, PrmLoadError> {
         let PrmKind::Checkpoint(family) = cfg.family else {
-            return Self::load_head(name, max_concurrency, cfg);
+            return Self::load_head(name, max_concurrency, cfg, bases);
         };
         let fail = PrmLoadError;
         let folder = find_model(
@@ -163,6 +184,7 @@ impl PrmEvaluator {
         name: &str,
         max_concurrency: usize,
         cfg: &PrmConfig,
+        bases: &Bases,
     ) -> Result<PrmEvaluator, PrmLoadError> {
         let fail = PrmLoadError;
         let dir = find_model(&cfg.model, "a head folder that retrace train-head wrote")?;
@@ -175,14 +197,14 @@ impl PrmEvaluator {
         head.check_dtype(served).map_err(fail)?;
         let formatter =
             Formatter::load(head.config.format, &head.base).map_err(|e| fail(e.to_string()))?;
-        let (base, shared) =
-            bases::base_for(&head, cfg, served).map_err(|e| fail(e.to_string()))?;
+        let (base, shared) = bases
+            .base_for(&head, cfg, served)
+            .map_err(|e| fail(e.to_string()))?;
         let model = candle::load_on_base(&base, &head.config.spec(&dir), cfg)
             .map_err(|e| fail(e.to_string()))?;
         let head_sha256 =
             retrace_model::checkpoint_sha256(&dir).map_err(|e| fail(e.to_string()))?;
         tracing::info!(evaluator = name, head = %dir.display(), %head_sha256, base_shared = shared, "head loaded");
-        metrics::set_head(name, &head_sha256, &head.config.base_sha256);
         let limits = Limits {
             max_tokens: model.max_positions(),
             vocab_size: model.vocab_size(),
@@ -191,6 +213,10 @@ impl PrmEvaluator {
         let mut evaluator =
             Self::assemble(name, max_concurrency, cfg, dir, formatter, model, limits)?;
         evaluator.references = head::ReferenceWatch::new(head.config.label_counts.as_ref());
+        evaluator.checksums = Some(HeadChecksums {
+            head_sha256,
+            base_sha256: head.config.base_sha256.clone(),
+        });
         evaluator.head = Some(head);
         evaluator.base = Some(base);
         Ok(evaluator)
@@ -251,6 +277,7 @@ impl PrmEvaluator {
             head: None,
             references: head::ReferenceWatch::default(),
             base: None,
+            checksums: None,
         })
     }
 }
@@ -323,6 +350,10 @@ impl Evaluator for PrmEvaluator {
 
     fn threshold(&self) -> Option<f32> {
         self.head.as_ref().map(|h| h.config.threshold)
+    }
+
+    fn head(&self) -> Option<HeadChecksums> {
+        self.checksums.clone()
     }
 
     fn why_not_ready(&self) -> Option<String> {

@@ -318,7 +318,8 @@ async fn distill_retrains_the_head_from_recorded_rows_and_swaps_it_in() {
     .await;
 
     let out = std::process::Command::new("python3")
-        .arg(Path::new(crate::common::REPO).join("scripts/learn/distill.py"))
+        .current_dir(crate::common::REPO)
+        .args(["-m", "scripts.learn.distill"])
         .args(["--config", toml.to_str().unwrap(), "--evaluator", "dc"])
         .args(["--http", &format!("http://{}", s.http_addr)])
         .args([

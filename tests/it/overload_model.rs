@@ -255,8 +255,8 @@ const BATCHING: usize = 16;
 /// One test, run in turn at each concurrency: two at once would share the cores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saturated_model_refuses_at_once_what_would_miss_its_deadline() {
-    let load_s: f64 = std::env::var("RETRACE_SOAK_S")
-        .ok()
+    let load_s: f64 = retrace::Env::process()
+        .secret("RETRACE_SOAK_S")
         .and_then(|v| v.parse().ok())
         .unwrap_or(60.0);
     let samples = Arc::new(traces());

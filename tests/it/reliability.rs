@@ -31,8 +31,8 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// Seconds of overload (and of load before SIGTERM): `RETRACE_SOAK_S`, else a CI-sized run.
 fn soak_s(default: f64) -> f64 {
-    std::env::var("RETRACE_SOAK_S")
-        .ok()
+    retrace::Env::process()
+        .secret("RETRACE_SOAK_S")
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }

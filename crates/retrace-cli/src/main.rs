@@ -128,6 +128,12 @@ fn init_logs(format: LogFormat) {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(cap) = retrace::Env::process().simd()
+        && let Err(e) = retrace_model::kernels::cap_simd(&cap)
+    {
+        // A serving process must not die of a typo: the CPU's widest kernels run.
+        eprintln!("retrace: {e}; running the widest kernels this CPU has");
+    }
     alloc::runtime()
         .context("starting the tokio runtime")?
         .block_on(run(cli))

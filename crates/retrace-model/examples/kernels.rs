@@ -45,7 +45,12 @@ const SMOLLM2: Shape = Shape {
     window: None,
 };
 
+// An example binary: it passes RETRACE_SIMD to the kernels as the retrace binary does.
+#[allow(clippy::disallowed_methods)]
 fn main() -> Res<()> {
+    if let Ok(cap) = std::env::var("RETRACE_SIMD") {
+        retrace_model::kernels::cap_simd(&cap)?;
+    }
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| {
         let i = args.iter().position(|a| a == name)?;
@@ -310,6 +315,8 @@ fn read_shape(dir: &Path) -> Res<Shape> {
 }
 
 /// A SmolLM2-135M folder under `~/.cache/retrace/`, else a random-weight one of its shape.
+// An example binary, beside the product's one reader of the environment.
+#[allow(clippy::disallowed_methods)]
 fn find_or_make() -> Res<(PathBuf, String)> {
     let cache = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/retrace"));
     if let Some(Ok(entries)) = cache.map(std::fs::read_dir) {

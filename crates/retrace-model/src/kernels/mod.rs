@@ -20,6 +20,8 @@ mod rope;
 mod silu;
 mod simd;
 
+pub use simd::cap_simd;
+
 pub(crate) use attention::{Heads, QueryGroup, attend};
 pub use causal::causal_attention;
 pub(crate) use gather::KvRun;

@@ -51,19 +51,45 @@ pub(crate) enum Level {
 /// AVX-512 never picks by itself, can be tested there: `avx512`, `avx2` or `base`.
 const VAR: &str = "RETRACE_SIMD";
 
-/// The level the kernels run: the widest this CPU has, capped at the one `RETRACE_SIMD` names.
-/// Read once, as every kernel call asks. A value it cannot read is reported on stderr, naming
-/// the variable, and the CPU's widest runs: a serving process must not die of a typo (the CI
-/// loop's own test, `the_kernels_run_the_level_retrace_simd_names`, fails on one instead).
+/// The level the kernels run, fixed on first use: the widest this CPU has, capped at what
+/// `cap_simd` was given before. The crate reads no environment; the binary passes
+/// `RETRACE_SIMD`'s value, and this crate's own tests read it (the CI loop over levels).
+static LEVEL: OnceLock<Level> = OnceLock::new();
+
 pub(crate) fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        let asked = std::env::var_os(VAR).map(|v| v.to_string_lossy().into_owned());
-        chosen(asked.as_deref(), detected()).unwrap_or_else(|e| {
-            eprintln!("retrace-model: {e}; running the widest kernels this CPU has");
-            detected()
-        })
+        #[cfg(test)]
+        #[allow(clippy::disallowed_methods)]
+        if let Ok(asked) = std::env::var(VAR) {
+            return chosen(Some(&asked), detected()).unwrap_or_else(|e| panic!("{e}"));
+        }
+        detected()
     })
+}
+
+/// Caps the kernels at `value` (`avx512`, `avx2` or `base`; blank: the widest this CPU has),
+/// to test the narrower copies where the CPU has a wider one; call it before the first
+/// kernel runs. Returns the level the kernels run, by name. A value it cannot read, or a call
+/// after the level was fixed to another, is refused, naming `RETRACE_SIMD`.
+pub fn cap_simd(value: &str) -> Result<&'static str, String> {
+    let want = chosen(Some(value), detected())?;
+    match *LEVEL.get_or_init(|| want) {
+        now if now == want => Ok(now.name()),
+        now => Err(format!(
+            "{VAR}={value:?} came after the kernels ran at {}",
+            now.name()
+        )),
+    }
+}
+
+impl Level {
+    fn name(self) -> &'static str {
+        match self {
+            Level::Base => "base",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
+    }
 }
 
 /// The level for `RETRACE_SIMD`'s value (`None`: unset) on a CPU whose widest is `cpu`: a
@@ -155,8 +181,22 @@ mod tests {
         }
     }
 
+    /// The binary's cap, given after the kernels ran: the level they run is kept, and a cap
+    /// that would change it is refused by the variable's name.
+    #[test]
+    fn a_cap_that_comes_after_the_kernels_ran_cannot_change_their_level() {
+        let now = level();
+        assert_eq!(cap_simd(now.name()), Ok(now.name()));
+        assert!(cap_simd("sse").unwrap_err().contains("RETRACE_SIMD"));
+        if now != detected() {
+            let err = cap_simd("").unwrap_err();
+            assert!(err.contains("came after"), "{err}");
+        }
+    }
+
     /// What the kernels' tests in this process run: the CI loop over `RETRACE_SIMD` relies on it.
     #[test]
+    #[allow(clippy::disallowed_methods)]
     fn the_kernels_run_the_level_retrace_simd_names() {
         let asked = std::env::var(VAR).ok();
         let want = chosen(asked.as_deref(), detected()).unwrap();
