@@ -9,6 +9,7 @@
 mod embedded;
 mod evaluator;
 mod flags;
+mod keys;
 mod overrides;
 mod reward;
 mod rules;
@@ -461,15 +462,16 @@ fn at_fault(table: &toml::Table, message: &str, line: Option<usize>) -> Option<S
         .find(|(_, t)| EvaluatorConfig::deserialize((*t).clone()).is_err())?;
     let name = t.get("name").and_then(toml::Value::as_str).unwrap_or("?");
     let line = line.map(|l| format!(" (line {l})")).unwrap_or_default();
-    let moved = crate::prm::MOVED_TO_VLLM.iter().find(|k| {
-        t.get("kind").and_then(toml::Value::as_str) == Some("prm") && t.get(**k).is_some()
-    });
+    let kind = t.get("kind").and_then(toml::Value::as_str);
+    let moved = crate::prm::MOVED_TO_VLLM
+        .iter()
+        .find(|k| kind == Some("prm") && t.get(**k).is_some());
     let message = match moved {
         Some(key) => format!(
             "{key}: a PRM's vLLM keys now live in their own table; move `{key}` under \
              [evaluator.vllm], after this evaluator's other keys"
         ),
-        None => message.trim().to_string(),
+        None => keys::with_known_keys(message.trim(), kind),
     };
     Some(format!("evaluator[{i}] ({name:?}){line}: {message}"))
 }

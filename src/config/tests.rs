@@ -216,6 +216,26 @@ fn key_of_another_kind_is_refused() {
     assert!(err.message.contains("unknown field `temperature`"), "{err}");
 }
 
+/// A judge's table flattens its upstream's keys in, which cost serde's list of expected keys:
+/// the error lists every key the kind takes, the upstream's and the common ones included.
+#[test]
+fn an_unknown_key_of_a_judge_lists_the_keys_a_judge_takes() {
+    let text = format!("{EXAMPLE}{JUDGE}family = \"chat-lm\"\n");
+    let err = parse(&text).unwrap_err();
+    for key in [
+        "unknown field `family`",
+        "`base_url`",
+        "`model`",
+        "`samples`",
+        "`max_concurrency`",
+    ] {
+        assert!(err.message.contains(key), "{key}: {err}");
+    }
+    let prm = EXAMPLE.replace("device = \"cpu\"", "devise = \"cpu\"");
+    let err = parse(&prm).unwrap_err();
+    assert!(err.message.contains("`device`, `dtype`"), "{err}");
+}
+
 #[test]
 fn duplicate_names_and_missing_keys() {
     let twice = format!(
