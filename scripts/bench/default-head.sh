@@ -37,3 +37,9 @@ cut_data "$DATA" "$OUT" --train 1000 --dev 200 --test 100 --seed 0
 zero_shot_chat_lm "$BASE" "$OUT"
 python3 -m scripts.bench.default_head --run "$OUT" --data "$OUT/data" \
   $([ "$WRITE" = 1 ] && echo "--write heads/smollm2 --fixture tests/fixtures/default-head")
+if [ "$WRITE" = 1 ]; then
+  # The fixture's served scores are the new head's, and the binary embeds heads/smollm2: build
+  # it again before asking it.
+  release_bin
+  python3 -m scripts.fixtures.default_head_served --retrace "$BIN"
+fi

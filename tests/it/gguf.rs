@@ -11,6 +11,7 @@ use retrace::pb;
 use retrace::{CHAT_LM_INSTRUCTION, Family, Formatter};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tonic::transport::Channel;
 
 #[derive(Deserialize)]
 struct Bench {
@@ -173,22 +174,79 @@ struct KnownTrace {
     id: String,
     question: String,
     steps: Vec<String>,
+    /// What training computed.
     step_scores: Vec<f64>,
     first_error: i32,
+    /// What the served default gave at the baseline kernels
+    /// (scripts/fixtures/default_head_served.py).
+    served_scores: Vec<f64>,
 }
 
-/// How far a served score on the Q4_1 base may sit from training's (see the test below).
+/// How far a served score on the Q4_1 base may sit from training's (see `ask`).
 const GGUF_ROUNDING: f64 = 0.2;
+/// How far the served default may sit from its own recorded scores at the same kernels: the
+/// only arithmetic that may differ between CPUs there is the f32 head's GEMM, after every
+/// quantized rounding, which moves a score by a few ulps.
+const SAME_KERNELS: f64 = 1e-4;
+
+fn known() -> Known {
+    let path = format!("{}/tests/fixtures/default-head/known.json", common::REPO);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// What a server's default evaluator gave on the known traces, against known.json.
+#[derive(Debug)]
+struct Against {
+    /// The largest distance from the recorded served scores, and from training's.
+    served: f64,
+    training: f64,
+    /// Traces whose first error differs from training's, a score within rounding of the
+    /// threshold aside (it may fall either side on another CPU).
+    other_first_errors: usize,
+    flagged: usize,
+}
+
+async fn ask(channel: Channel, known: &Known) -> Against {
+    let mut c = pb::evaluator_client::EvaluatorClient::new(channel);
+    let mut a = Against {
+        served: 0.0,
+        training: 0.0,
+        other_first_errors: 0,
+        flagged: 0,
+    };
+    for k in &known.traces {
+        let steps: Vec<&str> = k.steps.iter().map(String::as_str).collect();
+        let r = c
+            .evaluate(request(&k.id, "", steps_trace(&k.question, &steps)))
+            .await
+            .unwrap()
+            .into_inner();
+        let got: Vec<f64> = r.steps.iter().map(|s| f64::from(s.score)).collect();
+        assert_eq!(got.len(), k.step_scores.len(), "{}", k.id);
+        a.served = a.served.max(max_gap(&got, &k.served_scores));
+        a.training = a.training.max(max_gap(&got, &k.step_scores));
+        let near = k
+            .step_scores
+            .iter()
+            .any(|s| (s - f64::from(known.threshold)).abs() < 1e-4);
+        a.other_first_errors += usize::from(!near && r.first_error_index != k.first_error);
+        a.flagged += usize::from(k.first_error >= 0);
+    }
+    a
+}
+
+/// The baseline kernels, which every x86-64 CPU runs: the recorded served scores are theirs.
+const BASELINE: [(&str, &str); 1] = [("RETRACE_SIMD", "base")];
 
 /// A fresh clone's default evaluator is the trained head: on held-out traces it gives the
 /// verdicts training computed for them (tests/fixtures/default-head, written by
-/// scripts/bench/default-head.sh with the head).
+/// scripts/bench/default-head.sh with the head), and at the baseline kernels the very scores it
+/// gave when they were recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_is_the_trained_head_and_gives_the_verdicts_training_computed() {
-    let path = format!("{}/tests/fixtures/default-head/known.json", common::REPO);
-    let known: Known = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let (server, channel, _) = spawn_retrace(&[], &[]).await;
-    let mut c = pb::evaluator_client::EvaluatorClient::new(channel);
+    let known = known();
+    let (server, channel, _) = spawn_retrace(&[], &BASELINE).await;
+    let mut c = pb::evaluator_client::EvaluatorClient::new(channel.clone());
     let list = c
         .list_evaluators(pb::ListEvaluatorsRequest {})
         .await
@@ -199,41 +257,56 @@ async fn the_default_is_the_trained_head_and_gives_the_verdicts_training_compute
         (default.name.as_str(), default.family.as_str()),
         ("smollm2-head", "head")
     );
-    let (mut worst, mut flagged) = (0.0f64, 0);
-    for k in &known.traces {
-        let steps: Vec<&str> = k.steps.iter().map(String::as_str).collect();
-        let r = c
-            .evaluate(request(&k.id, "", steps_trace(&k.question, &steps)))
-            .await
-            .unwrap()
-            .into_inner();
-        let got: Vec<f64> = r.steps.iter().map(|s| f64::from(s.score)).collect();
-        assert_eq!(got.len(), k.step_scores.len(), "{}", k.id);
-        worst = worst.max(max_gap(&got, &k.step_scores));
-        // A score within rounding of the threshold may fall either side on another CPU.
-        let near = k
-            .step_scores
-            .iter()
-            .any(|s| (s - f64::from(known.threshold)).abs() < 1e-4);
-        if !near {
-            assert_eq!(r.first_error_index, k.first_error, "{}", k.id);
-        }
-        flagged += usize::from(k.first_error >= 0);
-    }
-    // The base is a Q4_1 GGUF: before each quantized matmul the activations are rounded to
-    // 8 bits a block, so a change of summation order anywhere upstream (a CPU without FMA, a
-    // kernel's new register tile) moves some of them by a whole quantization step, and the
-    // head's scores with them. Measured on the fixture's traces: up to 0.08 on the baseline
-    // copy of the kernels training ran, 0.11 and 0.13 (AVX-512 or AVX2, baseline) on kernels
-    // whose softmax sums in another order; every first error matched on all of them. A wrong
-    // layer, format or reference moves scores further and flips first errors.
-    assert!(
-        worst < GGUF_ROUNDING,
-        "served against training's scores: {worst}"
-    );
-    assert!(
-        flagged > 0 && flagged < known.traces.len(),
-        "{flagged} flagged"
-    );
+    let a = ask(channel, &known).await;
     drop(server);
+    eprintln!("the default at the baseline kernels: {a:?}");
+    assert!(
+        a.served < SAME_KERNELS,
+        "against the recorded scores: {a:?}"
+    );
+    assert_eq!(a.other_first_errors, 0, "{a:?}");
+    // The base is a Q4_1 GGUF: before each quantized matmul the activations are rounded to
+    // 8 bits a block, so a change of summation order anywhere upstream (training's extraction,
+    // another vector width) moves some of them by a whole quantization step, and the head's
+    // scores with them: 0.08 to 0.13 measured against training's, with every first error
+    // matched. A wrong layer, format or reference moves scores further and flips first errors.
+    assert!(a.training < GGUF_ROUNDING, "against training's: {a:?}");
+    assert!(a.flagged > 0 && a.flagged < known.traces.len(), "{a:?}");
+}
+
+/// The check above fails a head that reads the wrong layer: the committed head, served over
+/// the same base reading layer 14 instead of 15.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_on_the_wrong_layer_fails_the_default_heads_check() {
+    let dir = TempDir::new("wrong-layer");
+    let head = dir.0.join("head");
+    std::fs::create_dir_all(&head).unwrap();
+    let committed = std::path::Path::new(common::REPO).join("heads/smollm2");
+    std::fs::copy(
+        committed.join("head.safetensors"),
+        head.join("head.safetensors"),
+    )
+    .unwrap();
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(committed.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["layers"], json!([15]));
+    config["layers"] = json!([14]);
+    config["base"] = json!(smollm2_gguf().display().to_string());
+    std::fs::write(head.join("config.json"), config.to_string()).unwrap();
+    let toml = dir.0.join("wrong.toml");
+    let table = format!(
+        "[[evaluator]]\nname = \"wrong-layer\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n",
+        head.display().to_string()
+    );
+    std::fs::write(&toml, table).unwrap();
+    let (server, channel, _) =
+        spawn_retrace(&["--config".as_ref(), toml.as_ref()], &BASELINE).await;
+    let a = ask(channel, &known()).await;
+    drop(server);
+    eprintln!("layer 14 for 15: {a:?}");
+    assert!(
+        a.served > 100.0 * SAME_KERNELS && a.training > GGUF_ROUNDING,
+        "the wrong layer passed: {a:?}"
+    );
 }
