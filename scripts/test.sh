@@ -21,7 +21,7 @@ cargo test --locked --workspace --doc
 # RETRACE_SIMD caps the width. Every test of a kernel (the kernels', the decoder's, the quantized
 # layers'); selected across the workspace's libraries so that the build above is reused.
 for level in avx2 base; do
-  RETRACE_SIMD=$level cargo test --locked --workspace --lib -- kernels decoder:: layers::
+  RETRACE_SIMD=$level cargo test --locked --workspace --lib -- kernels decoder:: layers:: a_gguf_rows_scores
 done
 # The Python client and the examples, against the binary the first cargo test built.
 scripts/check/test-python.sh

@@ -63,6 +63,11 @@ impl Dense {
         self.b.as_ref()
     }
 
+    /// Its output columns.
+    fn out_dim(&self) -> Result<usize> {
+        self.w.dim(if self.transposed { 1 } else { 0 })
+    }
+
     /// The layer of outputs `at..at + len` alone, a view of this one's weight (no copy).
     pub(crate) fn outputs(&self, at: usize, len: usize) -> Result<Self> {
         let out_dim = if self.transposed { 1 } else { 0 };
@@ -92,12 +97,13 @@ impl Module for Dense {
 impl Module for Lin {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Self::Full(l) => l.forward(x),
+            Self::Full(l) => rows_apart(x, l.out_dim()?, |x| l.forward(x)),
             Self::Quant { w, table, b } => {
                 // The 32-element block types in llama.cpp's arithmetic, the same for any number
                 // of rows (see `quantized_matmul`); the K-quants (and every type off the CPU or
                 // outside f32) through candle's own matmul.
-                let y = never_alone(x, |x| {
+                let n = table.shape().dims2()?.0;
+                let y = rows_apart(x, n, |x| {
                     let own = if x.device().is_cpu() && x.dtype() == DType::F32 {
                         quantized_matmul(x, table)?
                     } else {
@@ -117,17 +123,35 @@ impl Module for Lin {
     }
 }
 
-/// `f(x)`, with a lone row on the CPU sent as two: a one-row matmul runs kernels of its own
-/// (candle's Q6_K, gemm's matrix-vector product) whose sums differ in their last bits from the
-/// ones run for more rows, and the next layer's 8-bit activations can turn that into a whole
-/// quantum, so a trace scored alone would not score as it does in a batch.
-fn never_alone(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+/// The fewest rows a product with `n` output columns is run on, on the CPU. gemm chooses its
+/// kernel by the product's shape: a matrix-vector one for a lone row, a horizontal one when
+/// rows x columns <= 256, another block depth when both are <= 64 (and candle runs a lone row
+/// of a K-quant with a kernel of its own); their sums differ in the last bits, which the next
+/// layer's 8-bit activations can turn into a whole quantum. Past this many rows every call of
+/// a product takes one kernel, whatever rows share it (a single output column, gemm's
+/// matrix-vector product for every row count, aside).
+fn min_rows(n: usize) -> usize {
+    (256 / n.max(1) + 1).max(65)
+}
+
+/// `f(x)`, a product of `x`'s rows with `n` output columns, run on at least `min_rows(n)` rows
+/// on the CPU (zero rows pad a short input, and are dropped after), so that a row gets the same
+/// bits alone, in a batch, or after a cached prefix: what `f` costs on the padding is the
+/// price of a score that does not depend on its batch-mates.
+pub(crate) fn rows_apart(
+    x: &Tensor,
+    n: usize,
+    f: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
     let k = x.dim(candle_core::D::Minus1)?;
-    if !x.device().is_cpu() || x.elem_count() != k {
+    let rows = x.elem_count() / k.max(1);
+    let least = min_rows(n);
+    if !x.device().is_cpu() || rows >= least || k == 0 {
         return f(x);
     }
-    let row = x.reshape((1, k))?;
-    let y = f(&Tensor::cat(&[&row, &row], 0)?)?.narrow(0, 0, 1)?;
+    let flat = x.reshape((rows, k))?;
+    let pad = Tensor::zeros((least - rows, k), x.dtype(), x.device())?;
+    let y = f(&Tensor::cat(&[&flat, &pad], 0)?)?.narrow(0, 0, rows)?;
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("rank >= 1") = y.dim(1)?;
     y.contiguous()?.reshape(dims)
@@ -306,6 +330,35 @@ mod tests {
                             got[i][j]
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_narrow_product_does_not_depend_on_its_batch_mates_either() {
+        // 64 outputs of 64 inputs, as the tiny fixtures' layers and a PRM's heads are narrow:
+        // gemm runs a few such rows with a horizontal kernel and many with another.
+        let dev = Device::Cpu;
+        let (n, k, rows) = (64, 64, 300);
+        let w = Tensor::from_vec(values(n * k, 0x9e37_79b9), (n, k), &dev).unwrap();
+        let x = Tensor::from_vec(values(rows * k, 0x2545_f491), (rows, k), &dev).unwrap();
+        let full = Lin::Full(Dense::new(w.clone(), None).unwrap());
+        let quant = COVERED.map(|d| Lin::quant(QTensor::quantize(&w, d).unwrap(), None).unwrap());
+        for lin in std::iter::once(&full).chain(&quant) {
+            let all = lin.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+            for (start, take) in [(0, 1), (5, 2), (9, 3), (0, 64), (3, 100)] {
+                let part = lin.forward(&x.narrow(0, start, take).unwrap()).unwrap();
+                for (i, row) in part.to_vec2::<f32>().unwrap().iter().enumerate() {
+                    let same = row
+                        .iter()
+                        .zip(&all[start + i])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "row {} among {take} differs from itself among {rows}",
+                        start + i
+                    );
                 }
             }
         }

@@ -587,3 +587,54 @@ fn a_prefix_cache_poisoned_by_a_panic_is_reported_as_such_not_as_bad_input() {
 fn decoder_mut(model: &mut PrmModel) -> &mut crate::decoder::Decoder {
     Arc::get_mut(&mut model.decoder).expect("an unshared decoder")
 }
+
+/// Scores as bits, row by row.
+fn bits(rows: Vec<Row>) -> Vec<Vec<u32>> {
+    rows.into_iter()
+        .map(|r| r.scores.iter().map(|f| f.to_bits()).collect())
+        .collect()
+}
+
+#[test]
+fn a_gguf_rows_scores_are_the_same_bits_alone_in_a_batch_and_after_a_cached_prefix() {
+    // Not merely close: each quantized matmul rounds its activations to 8 bits, which turns a
+    // difference in the last bit upstream into a whole quantum now and then.
+    for family in FAMILIES {
+        for file in ["model.f32.gguf", "model.q8_0.gguf"] {
+            let c = cases(family);
+            let rows: Vec<&[u32]> = c.iter().map(|c| c.ids.as_slice()).collect();
+            let pos: Vec<&[usize]> = c.iter().map(|c| c.positions.as_slice()).collect();
+            // Sixteen rows: the cases, and then again, as a batch of repeats and mixed lengths.
+            let (rows16, pos16): (Vec<&[u32]>, Vec<&[usize]>) = (0..16)
+                .map(|i| (rows[i % rows.len()], pos[i % pos.len()]))
+                .unzip();
+            let plain = load_gguf(family, file).with_reuse(Reuse {
+                cache_bytes: 0,
+                share: false,
+            });
+            let cached = load_gguf(family, file);
+            let alone: Vec<Vec<u32>> = (0..rows.len())
+                .flat_map(|i| bits(plain.score(Batch::new(&rows[i..=i], &pos[i..=i])).unwrap()))
+                .collect();
+            let batched = bits(plain.score(Batch::new(&rows16, &pos16)).unwrap());
+            let shared = bits(cached.score(Batch::new(&rows16, &pos16)).unwrap());
+            // Each case's first half as a prefix the cache keeps, then the whole case after it.
+            let halves: Vec<&[u32]> = rows.iter().map(|r| &r[..r.len() / 2]).collect();
+            let none: Vec<&[usize]> = vec![&[]; rows.len()];
+            cached.score(Batch::new(&halves, &none)).unwrap();
+            let after = cached.score(Batch::new(&rows, &pos)).unwrap();
+            let reused: usize = after.iter().map(|r| r.tokens.reused).sum();
+            let after = bits(after);
+            for i in 0..16 {
+                let want = &alone[i % rows.len()];
+                assert_eq!(
+                    &batched[i], want,
+                    "{family} {file}: row {i} in a batch of 16"
+                );
+                assert_eq!(&shared[i], want, "{family} {file}: row {i} shared, cached");
+            }
+            assert_eq!(after, alone, "{family} {file}: after a cached prefix");
+            assert!(reused > 0, "{family} {file}: nothing came from the cache");
+        }
+    }
+}

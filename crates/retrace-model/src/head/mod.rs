@@ -10,7 +10,7 @@
 use crate::config::ModelConfig;
 use crate::decoder::Output;
 use crate::error::ModelError;
-use crate::layers::Emb;
+use crate::layers::{Emb, rows_apart};
 use crate::spans::SpanRows;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Module, Result, Tensor};
@@ -182,18 +182,23 @@ impl Head {
         let x = hidden.to_dtype(DType::F32)?;
         let p = match self {
             Self::QwenScore { l0, l2 } => {
-                let logits = l2.forward(&l0.forward(&x)?.relu()?)?;
+                let logits = apart(l2, &apart(l0, &x)?.relu()?)?;
                 candle_nn::ops::softmax_last_dim(&logits)?.narrow(1, 1, 1)?
             }
-            Self::Value { summary } => candle_nn::ops::sigmoid(&summary.forward(&x)?)?,
+            Self::Value { summary } => candle_nn::ops::sigmoid(&apart(summary, &x)?)?,
             Self::LmPair { pair } => {
-                candle_nn::ops::softmax_last_dim(&pair.forward(&x)?)?.narrow(1, 0, 1)?
+                candle_nn::ops::softmax_last_dim(&apart(pair, &x)?)?.narrow(1, 0, 1)?
             }
             Self::Trained(_) | Self::States => candle_core::bail!("not a checkpoint's own head"),
-            Self::Outcome { score } => score.forward(&x)?,
+            Self::Outcome { score } => apart(score, &x)?,
         };
         p.flatten_all()?.to_vec1::<f32>()
     }
+}
+
+/// `l` over `x`'s reads, each read's bits whatever reads share the call (`rows_apart`).
+pub(crate) fn apart(l: &Linear, x: &Tensor) -> Result<Tensor> {
+    rows_apart(x, l.weight().dim(0)?, |x| l.forward(x))
 }
 
 /// Rows `ids` of the 2-D tensor `name`, shape (ids.len(), cols), in the stored dtype on the CPU,

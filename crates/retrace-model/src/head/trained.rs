@@ -3,12 +3,13 @@
 //! standardised, through a logistic or one-hidden-layer MLP step head or a trace probe over
 //! the trace's steps in order, and an optional category head on the same features.
 
+use super::apart;
 use super::folder::{HEAD_WEIGHTS, HeadKind, Pool, TrainedSpec, Weights, check_spec, head_tensors};
 use super::trace_probe::TraceProbe;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::spans::SpanRows;
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::Linear;
 
 pub(crate) struct Trained {
@@ -127,15 +128,15 @@ impl Trained {
             .broadcast_sub(&self.mean)?
             .broadcast_div(&self.scale)?;
         let z = match &self.step {
-            Step::Logistic(l) => l.forward(&x)?,
-            Step::Mlp { l0, l2 } => l2.forward(&l0.forward(&x)?.relu()?)?,
+            Step::Logistic(l) => apart(l, &x)?,
+            Step::Mlp { l0, l2 } => apart(l2, &apart(l0, &x)?.relu()?)?,
             Step::Trace(probe) => per_row(probe, &x, rows)?,
         };
         let scores = candle_nn::ops::sigmoid(&z)?
             .flatten_all()?
             .to_vec1::<f32>()?;
         let categories = match &self.category {
-            Some(c) => candle_nn::ops::softmax_last_dim(&c.forward(&x)?)?.to_vec2::<f32>()?,
+            Some(c) => candle_nn::ops::softmax_last_dim(&apart(c, &x)?)?.to_vec2::<f32>()?,
             None => Vec::new(),
         };
         Ok((scores, categories))
