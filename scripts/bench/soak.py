@@ -17,6 +17,11 @@ drained within shutdown_grace_s. It prints one table and writes the timeline (CS
 
   python3 -m scripts.bench.soak [--minutes 30] [--out runs/soak] [--binary target/release/retrace]
 
+CI runs the short form, `--minutes 3 --floors`: the same checks, but the two a busy machine can
+miss without a fault of the server's (goodput, and the resources' trend over two minutes) are
+held to floors under their targets (60% and 10%), as the overload tests hold theirs; the table
+shows both.
+
 Needs the Python client in the venv (scripts/check/test-python.sh installs it) and SmolLM2 f32
 (scripts/fetch-smollm2.sh --f32).
 """
@@ -578,10 +583,12 @@ def summarize(run):
     live = 1 - down / (3 * run.duration)
     goodput = sum(c[4] for c in calls if c[3] == "OK") / run.duration
     window = next(t for t, what in run.events if what == "the leak window opens")
+    # The bounds held: the targets, or with --floors the floors under the two timed ones.
+    share, trend = (0.6, 0.10) if run.a.floors else (0.8, 0.05)
     leaks = {}
     for r in run.replicas:
         rows = [s for s in run.samples if s[1] == r.k and s[0] >= window + 10]
-        leaks[r.k] = {name: flat([(s[0], s[col]) for s in rows], 0.05)
+        leaks[r.k] = {name: flat([(s[0], s[col]) for s in rows], trend)
                       for name, col in (("rss", 2), ("fds", 3), ("threads", 4))}
     def is_down(k, t):
         return any(t0 - 1 <= t <= t1 + 1 for t0, t1 in run.replicas[k].down)
@@ -595,11 +602,13 @@ def summarize(run):
          "target": "0", "met": not unexpected},
         {"name": "goodput, traces/s (share of live capacity)",
          "value": f"{goodput:.2f} ({goodput / (run.capacity * live):.0%})",
-         "target": ">= 80%", "met": goodput >= 0.8 * run.capacity * live},
+         "target": ">= 80%" + (" (floor 60%)" if run.a.floors else ""),
+         "met": goodput >= share * run.capacity * live},
         {"name": "RSS, fds and threads: the trend's rise after the last restart",
          "value": "; ".join(f"r{k}: rss {v['rss'][1]:+.1%}, fds {v['fds'][1]:+.1%}, threads {v['threads'][1]:+.1%}"
                             for k, v in leaks.items()),
-         "target": "within 5%", "met": all(ok for v in leaks.values() for ok, _ in v.values())},
+         "target": "within 5%" + (" (floor 10%)" if run.a.floors else ""),
+         "met": all(ok for v in leaks.values() for ok, _ in v.values())},
         {"name": "health Check p99, ms (failed while up)",
          "value": f"{p99(health_ms):.1f} ({health_failed})", "target": "<= 50 (0)",
          "met": p99(health_ms) <= 50 and health_failed == 0},
@@ -660,6 +669,8 @@ def main(argv=None):
     ap.add_argument("--binary", help="the retrace binary (default: target/release's, else on PATH)")
     ap.add_argument("--model", type=Path, default=CACHE / "smollm2")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--floors", action="store_true",
+                    help="hold goodput and the resources' trend to floors (60%%, 10%%): CI's short form")
     a = ap.parse_args(argv)
     a.binary = retrace_bin(a.binary, profiles=("release",))
     if not Path(a.binary).is_file():
