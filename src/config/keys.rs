@@ -37,6 +37,7 @@ const PRM: &[&str] = &[
     "max_wait_ms",
     "prefix_cache_mb",
     "prefix_sharing",
+    "dequantized_mb",
 ];
 
 const JUDGE: &[&str] = &[
@@ -132,7 +133,8 @@ max_batch_tokens = 1
 max_batch_size = 1
 max_wait_ms = 1
 prefix_cache_mb = 1
-prefix_sharing = true"#,
+prefix_sharing = true
+dequantized_mb = 1"#,
         ),
         (
             "judge",

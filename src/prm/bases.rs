@@ -17,6 +17,9 @@ struct Key {
     sha256: String,
     dtype: Dtype,
     device: String,
+    /// Bytes of its quantized matrices kept dequantized: a base loaded with another budget
+    /// is another base.
+    dequantized: usize,
 }
 
 /// Bases some head still holds, by what makes them one. Weak: a base goes when its last head
@@ -37,6 +40,7 @@ impl Bases {
             sha256: head.config.base_sha256.to_ascii_lowercase(),
             dtype: served,
             device: cfg.device().to_string(),
+            dequantized: candle::dequantized(cfg),
         };
         // Held across the load: two heads on one base that load at once load it once, and loads
         // of bases follow one another, which also bounds the memory a burst of loads peaks at. A

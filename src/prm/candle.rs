@@ -40,7 +40,9 @@ pub(super) fn load_model(
     cfg: &PrmConfig,
 ) -> Result<PrmModel, ModelError> {
     let device = device(cfg.device())?;
-    Ok(PrmModel::load(folder, head, &device, dtype(cfg.dtype()))?.with_reuse(reuse(cfg)))
+    PrmModel::load(folder, head, &device, dtype(cfg.dtype()))?
+        .with_reuse(reuse(cfg))
+        .with_dequantized(dequantized(cfg))
 }
 
 /// The base at `path` without a head, as `load_model` would place it, for heads to share.
@@ -49,7 +51,16 @@ pub(super) fn load_base(
     cfg: &PrmConfig,
     served: Dtype,
 ) -> Result<SharedBase, ModelError> {
-    SharedBase::load(path, &device(cfg.device())?, dtype(served))
+    SharedBase::load(path, &device(cfg.device())?, dtype(served))?
+        .with_dequantized(dequantized(cfg))
+}
+
+/// The bytes of quantized matrices `cfg` keeps dequantized.
+pub(super) fn dequantized(cfg: &PrmConfig) -> usize {
+    cfg.candle
+        .dequantized_mb
+        .unwrap_or(0)
+        .saturating_mul(1 << 20)
 }
 
 /// The trained head `spec` over `base`, with the prefix cache and sharing `cfg` asks for.

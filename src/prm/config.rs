@@ -56,6 +56,11 @@ pub struct CandleConfig {
     /// to measure what it saves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_sharing: Option<bool>,
+    /// MiB of a GGUF's quantized matrices (the 32-element block types) also kept dequantized
+    /// to f32, from the first layer on, so that each matmul skips dequantizing them: faster,
+    /// the same scores to the bit, four bytes a weight of memory. 0 (the default) keeps none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dequantized_mb: Option<usize>,
 }
 
 /// A vLLM server's keys: the upstream's, plus what vLLM itself needs.
@@ -214,6 +219,7 @@ impl PrmConfig {
                 max_wait_ms: Some(self.max_wait_ms()),
                 prefix_cache_mb: Some(self.prefix_cache_mb()),
                 prefix_sharing: Some(self.prefix_sharing()),
+                dequantized_mb: Some(self.candle.dequantized_mb.unwrap_or(0)),
             };
         }
         self

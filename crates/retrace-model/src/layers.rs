@@ -3,7 +3,7 @@
 //! multiplied by candle's quantized matmul, which quantizes the activations as llama.cpp does).
 
 use crate::gguf::Gguf;
-use crate::kernels::quantized_matmul;
+use crate::kernels::{Dequantized, dequantize_once, quantized_matmul};
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Embedding, VarBuilder};
@@ -15,6 +15,8 @@ pub(crate) enum Lin {
         w: QMatMul,
         table: Arc<QTensor>,
         b: Option<Tensor>,
+        /// The table dequantized once (`dequantize_once`), when a budget allowed it.
+        once: Option<Dequantized>,
     },
 }
 
@@ -25,7 +27,28 @@ impl Lin {
             w: QMatMul::from_arc(table.clone())?,
             table,
             b,
+            once: None,
         })
+    }
+
+    /// Keeps a quantized table of a block type the own matmul runs also dequantized, when it
+    /// fits what is left of `budget` bytes (which it then spends): each call reads it instead
+    /// of dequantizing the weights again. Full layers and the K-quants are left as they are.
+    pub(crate) fn dequantize_once(&mut self, budget: &mut usize) -> Result<()> {
+        let Self::Quant { table, once, .. } = self else {
+            return Ok(());
+        };
+        let (n, k) = table.shape().dims2()?;
+        // The weights, and at most one minimum per block of 32.
+        let need = 4 * (n * k + n * k / 32);
+        if once.is_some() || !table.device().is_cpu() || need > *budget {
+            return Ok(());
+        }
+        if let Some(d) = dequantize_once(table)? {
+            *budget -= d.bytes();
+            *once = Some(d);
+        }
+        Ok(())
     }
 }
 
@@ -98,14 +121,14 @@ impl Module for Lin {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Self::Full(l) => rows_apart(x, l.out_dim()?, |x| l.forward(x)),
-            Self::Quant { w, table, b } => {
+            Self::Quant { w, table, b, once } => {
                 // The 32-element block types in llama.cpp's arithmetic, the same for any number
                 // of rows (see `quantized_matmul`); the K-quants (and every type off the CPU or
                 // outside f32) through candle's own matmul.
                 let n = table.shape().dims2()?.0;
                 let y = rows_apart(x, n, |x| {
                     let own = if x.device().is_cpu() && x.dtype() == DType::F32 {
-                        quantized_matmul(x, table)?
+                        quantized_matmul(x, table, once.as_ref())?
                     } else {
                         None
                     };
@@ -332,6 +355,34 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_table_dequantized_once_multiplies_to_the_same_bits() {
+        let dev = Device::Cpu;
+        let (n, k, rows) = (96, 256, 70);
+        let w = Tensor::from_vec(values(n * k, 0x9e37_79b9), (n, k), &dev).unwrap();
+        let x = Tensor::from_vec(values(rows * k, 0x2545_f491), (rows, k), &dev).unwrap();
+        for dtype in COVERED {
+            let per_call = Lin::quant(QTensor::quantize(&w, dtype).unwrap(), None).unwrap();
+            let mut once = Lin::quant(QTensor::quantize(&w, dtype).unwrap(), None).unwrap();
+            let mut budget = 4 * n * k - 1;
+            once.dequantize_once(&mut budget).unwrap();
+            assert!(
+                matches!(once, Lin::Quant { once: None, .. }),
+                "{dtype:?}: over budget"
+            );
+            let mut budget = usize::MAX;
+            once.dequantize_once(&mut budget).unwrap();
+            assert!(
+                matches!(once, Lin::Quant { once: Some(_), .. }),
+                "{dtype:?}"
+            );
+            let want = per_call.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+            let got = once.forward(&x).unwrap().to_vec2::<f32>().unwrap();
+            let bits = |v: &[Vec<f32>]| v.concat().iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{dtype:?}");
         }
     }
 

@@ -53,6 +53,14 @@ impl SharedBase {
         })
     }
 
+    /// `PrmModel::with_dequantized`, for the base before any head shares it.
+    pub fn with_dequantized(mut self, bytes: usize) -> Result<Self, ModelError> {
+        if let Some(decoder) = Arc::get_mut(&mut self.decoder) {
+            decoder.dequantize_once(bytes)?;
+        }
+        Ok(self)
+    }
+
     /// Whether `model` runs on this very base (the same weights in memory, not a copy).
     pub fn runs(&self, model: &PrmModel) -> bool {
         Arc::ptr_eq(&self.decoder, &model.decoder)
@@ -188,6 +196,22 @@ impl PrmModel {
             ModelError::BadInput("the kernels of a base other heads share are fixed".into())
         })?;
         decoder.set_kernels(kernels);
+        Ok(self)
+    }
+
+    /// Keeps up to `bytes` of a GGUF's quantized matrices (the 32-element block types: Q4_0,
+    /// Q4_1, Q5_0, Q5_1, Q8_0) dequantized to f32 beside their blocks, from the first layer on:
+    /// each matmul then reads them instead of dequantizing its weights on every call, for the
+    /// same bits. It costs what it keeps (four bytes a weight); the K-quants and full-precision
+    /// weights are left as they are. Refused on a base other heads share, as `with_kernels` is.
+    pub fn with_dequantized(mut self, bytes: usize) -> Result<Self, ModelError> {
+        if bytes == 0 {
+            return Ok(self);
+        }
+        let decoder = Arc::get_mut(&mut self.decoder).ok_or_else(|| {
+            ModelError::BadInput("the weights of a base other heads share are fixed".into())
+        })?;
+        decoder.dequantize_once(bytes)?;
         Ok(self)
     }
 

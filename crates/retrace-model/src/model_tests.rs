@@ -596,6 +596,25 @@ fn bits(rows: Vec<Row>) -> Vec<Vec<u32>> {
 }
 
 #[test]
+fn weights_dequantized_once_score_the_same_bits_as_dequantized_per_call() {
+    for family in FAMILIES {
+        let c = cases(family);
+        let rows: Vec<&[u32]> = c.iter().map(|c| c.ids.as_slice()).collect();
+        let pos: Vec<&[usize]> = c.iter().map(|c| c.positions.as_slice()).collect();
+        let per_call = load_gguf(family, "model.q8_0.gguf");
+        let once = load_gguf(family, "model.q8_0.gguf")
+            .with_dequantized(usize::MAX)
+            .unwrap();
+        let want = bits(per_call.score(Batch::new(&rows, &pos)).unwrap());
+        assert_eq!(
+            bits(once.score(Batch::new(&rows, &pos)).unwrap()),
+            want,
+            "{family}"
+        );
+    }
+}
+
+#[test]
 fn a_gguf_rows_scores_are_the_same_bits_alone_in_a_batch_and_after_a_cached_prefix() {
     // Not merely close: each quantized matmul rounds its activations to 8 bits, which turns a
     // difference in the last bit upstream into a whole quantum now and then.

@@ -41,6 +41,16 @@ pub(super) enum Queries<'a> {
 }
 
 impl Attention {
+    /// Its projections, for what is done to every linear layer (`Lin::dequantize_once`).
+    pub(super) fn linears(&mut self) -> [&mut Lin; 4] {
+        [
+            &mut self.q_proj,
+            &mut self.k_proj,
+            &mut self.v_proj,
+            &mut self.o_proj,
+        ]
+    }
+
     pub(super) fn new(
         cfg: &ModelConfig,
         layer: usize,

@@ -144,6 +144,16 @@ impl Layer {
         })
     }
 
+    /// Its linear layers, in the order a forward runs them.
+    pub(super) fn linears(&mut self) -> impl Iterator<Item = &mut Lin> {
+        let mlp = &mut self.mlp;
+        self.self_attn.linears().into_iter().chain([
+            &mut mlp.gate_proj,
+            &mut mlp.up_proj,
+            &mut mlp.down_proj,
+        ])
+    }
+
     pub(super) fn set_kernels(&mut self, kernels: Kernels) {
         self.kernels = kernels;
         self.self_attn.kernels = kernels;

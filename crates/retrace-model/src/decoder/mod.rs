@@ -106,6 +106,16 @@ impl Decoder {
     }
 
     /// Which ops every layer runs.
+    /// Keeps its quantized matrices dequantized as well, layer by layer from the first, while
+    /// `budget` bytes last (`Lin::dequantize_once`); returns the bytes spent.
+    pub(crate) fn dequantize_once(&mut self, budget: usize) -> Result<usize> {
+        let mut left = budget;
+        for lin in self.layers.iter_mut().flat_map(Layer::linears) {
+            lin.dequantize_once(&mut left)?;
+        }
+        Ok(budget - left)
+    }
+
     pub(crate) fn set_kernels(&mut self, kernels: Kernels) {
         self.layers.iter_mut().for_each(|l| l.set_kernels(kernels));
     }

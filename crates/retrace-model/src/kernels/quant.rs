@@ -39,20 +39,86 @@ pub(crate) const COVERED: [GgmlDType; 5] = [
 /// `x` (.., K) times the transposed quantized `table` (N, K) in llama.cpp's arithmetic; `None`
 /// for block types this path does not cover (the K-quants, whose dot products candle runs the
 /// same way for every row).
-pub(crate) fn quantized_matmul(x: &Tensor, table: &QTensor) -> Result<Option<Tensor>> {
+/// `once`: the table as `dequantize_once` gave it, which this then reads instead of
+/// dequantizing the weights again (the same values, so the same bits).
+pub(crate) fn quantized_matmul(
+    x: &Tensor,
+    table: &QTensor,
+    once: Option<&Dequantized>,
+) -> Result<Option<Tensor>> {
     Ok(Some(match table.dtype() {
-        GgmlDType::Q4_0 => matmul::<BlockQ4_0>(x, table, false)?,
-        GgmlDType::Q4_1 => matmul::<BlockQ4_1>(x, table, true)?,
-        GgmlDType::Q5_0 => matmul::<BlockQ5_0>(x, table, false)?,
-        GgmlDType::Q5_1 => matmul::<BlockQ5_1>(x, table, true)?,
-        GgmlDType::Q8_0 => matmul::<BlockQ8_0>(x, table, false)?,
+        GgmlDType::Q4_0 => matmul::<BlockQ4_0>(x, table, false, once)?,
+        GgmlDType::Q4_1 => matmul::<BlockQ4_1>(x, table, true, once)?,
+        GgmlDType::Q5_0 => matmul::<BlockQ5_0>(x, table, false, once)?,
+        GgmlDType::Q5_1 => matmul::<BlockQ5_1>(x, table, true, once)?,
+        GgmlDType::Q8_0 => matmul::<BlockQ8_0>(x, table, false, once)?,
         _ => return Ok(None),
     }))
 }
 
+/// A table's weights as f32 and its block minimums (n, k / 32) where the type stores them:
+/// what `quantized_matmul` builds on every call, built once. Kept once, the weights are
+/// transposed, (k, n) row-major, as a full-precision layer keeps its own: gemm then reads them
+/// as they are instead of packing them again on every call, for the same sums.
+#[derive(Debug)]
+pub(crate) struct Dequantized {
+    /// (n, k), or (k, n) when `transposed`.
+    w: Tensor,
+    transposed: bool,
+    mins: Option<Tensor>,
+}
+
+impl Dequantized {
+    /// Bytes it holds.
+    pub(crate) fn bytes(&self) -> usize {
+        4 * (self.w.elem_count() + self.mins.as_ref().map_or(0, Tensor::elem_count))
+    }
+}
+
+/// `table` dequantized, for the block types `quantized_matmul` runs itself (None for others).
+pub(crate) fn dequantize_once(table: &QTensor) -> Result<Option<Dequantized>> {
+    let d = match table.dtype() {
+        GgmlDType::Q4_0 => weights::<BlockQ4_0>(table, false)?,
+        GgmlDType::Q4_1 => weights::<BlockQ4_1>(table, true)?,
+        GgmlDType::Q5_0 => weights::<BlockQ5_0>(table, false)?,
+        GgmlDType::Q5_1 => weights::<BlockQ5_1>(table, true)?,
+        GgmlDType::Q8_0 => weights::<BlockQ8_0>(table, false)?,
+        _ => return Ok(None),
+    };
+    Ok(Some(Dequantized {
+        w: d.w.t()?.contiguous()?,
+        transposed: true,
+        ..d
+    }))
+}
+
+/// The weights of a CPU `table` of `W` blocks as f32, and its minimums with `with_min`.
+fn weights<W: GgmlType>(table: &QTensor, with_min: bool) -> Result<Dequantized> {
+    let (n, k) = table.shape().dims2()?;
+    let data = table.data()?;
+    let all = blocks::<W>(&data)?;
+    if !k.is_multiple_of(QK8) || all.len() != n * (k / QK8) {
+        candle_core::bail!("quantized table: {} blocks for ({n}, {k})", all.len())
+    }
+    let mins = with_min
+        .then(|| Tensor::from_vec(block_mins::<W>(&data), (n, k / QK8), &Device::Cpu))
+        .transpose()?;
+    let w = Tensor::from_vec(dequantize(all, n, k), (n, k), &Device::Cpu)?;
+    Ok(Dequantized {
+        w,
+        transposed: false,
+        mins,
+    })
+}
+
 /// `with_min`: the block type stores a minimum `m` beside its scale, so its dot product takes
 /// the activations as Q8_1 and adds `m` times the activation block's sum, kept in f16.
-fn matmul<W: GgmlType>(x: &Tensor, table: &QTensor, with_min: bool) -> Result<Tensor> {
+fn matmul<W: GgmlType>(
+    x: &Tensor,
+    table: &QTensor,
+    with_min: bool,
+    once: Option<&Dequantized>,
+) -> Result<Tensor> {
     let (n, k) = table.shape().dims2()?;
     debug_assert_eq!(W::BLCK_SIZE, QK8);
     let width = x.dim(candle_core::D::Minus1)?;
@@ -68,18 +134,26 @@ fn matmul<W: GgmlType>(x: &Tensor, table: &QTensor, with_min: bool) -> Result<Te
         };
         round_trip_rows(f32s(cpu, layout, "activations")?, k)?
     };
-    let data = table.data()?;
-    let all = blocks::<W>(&data)?;
-    if !k.is_multiple_of(QK8) || all.len() != n * (k / QK8) {
-        candle_core::bail!("quantized table: {} blocks for ({n}, {k})", all.len())
-    }
-    let mins = with_min.then(|| block_mins::<W>(&data));
-    let w = Tensor::from_vec(dequantize(all, n, k), (n, k), &Device::Cpu)?;
-    let y = Tensor::from_vec(xq, (rows, k), &Device::Cpu)?.matmul(&w.t()?)?;
+    let built;
+    let Dequantized {
+        w,
+        transposed,
+        mins,
+    } = match once {
+        Some(d) => d,
+        None => {
+            built = weights::<W>(table, with_min)?;
+            &built
+        }
+    };
+    let xq = Tensor::from_vec(xq, (rows, k), &Device::Cpu)?;
+    let y = match transposed {
+        true => xq.matmul(w)?,
+        false => xq.matmul(&w.t()?)?,
+    };
     let y = match mins {
         Some(m) => {
             let nb = k / QK8;
-            let m = Tensor::from_vec(m, (n, nb), &Device::Cpu)?;
             let s = Tensor::from_vec(sums, (rows, nb), &Device::Cpu)?;
             (y + s.matmul(&m.t()?)?)?
         }
@@ -272,7 +346,10 @@ mod tests {
         let x = Tensor::from_vec(values(256, 5, 1.0), (1, 256), &Device::Cpu).unwrap();
         for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
             let q = QTensor::quantize(&w, dtype).unwrap();
-            assert!(quantized_matmul(&x, &q).unwrap().is_none(), "{dtype:?}");
+            assert!(
+                quantized_matmul(&x, &q, None).unwrap().is_none(),
+                "{dtype:?}"
+            );
         }
     }
 
@@ -281,7 +358,7 @@ mod tests {
         let w = Tensor::from_vec(data(32 * 64, 3), (32, 64), &Device::Cpu).unwrap();
         let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
         let x = Tensor::from_vec(data(2 * 48, 5), (2, 48), &Device::Cpu).unwrap();
-        let err = quantized_matmul(&x, &q).unwrap_err().to_string();
+        let err = quantized_matmul(&x, &q, None).unwrap_err().to_string();
         assert!(err.contains("activations: width 48"), "{err}");
     }
 }
