@@ -57,27 +57,25 @@ pub(crate) fn quantized_matmul(
 }
 
 /// A table's weights as f32 and its block minimums (n, k / 32) where the type stores them:
-/// what `quantized_matmul` builds on every call, built once. Kept once, the weights are
-/// transposed, (k, n) row-major, as a full-precision layer keeps its own: gemm then reads them
-/// as they are instead of packing them again on every call, for the same sums.
+/// what `quantized_matmul` builds on every call, built once. The weights are kept transposed,
+/// (k, n) row-major, as a full-precision layer keeps its own: gemm then reads them as they are
+/// instead of packing them again on every call, for the same sums.
 #[derive(Debug)]
 pub(crate) struct Dequantized {
-    /// (n, k), or (k, n) when `transposed`.
-    w: Tensor,
-    transposed: bool,
+    w_t: Tensor,
     mins: Option<Tensor>,
 }
 
 impl Dequantized {
     /// Bytes it holds.
     pub(crate) fn bytes(&self) -> usize {
-        4 * (self.w.elem_count() + self.mins.as_ref().map_or(0, Tensor::elem_count))
+        4 * (self.w_t.elem_count() + self.mins.as_ref().map_or(0, Tensor::elem_count))
     }
 }
 
 /// `table` dequantized, for the block types `quantized_matmul` runs itself (None for others).
 pub(crate) fn dequantize_once(table: &QTensor) -> Result<Option<Dequantized>> {
-    let d = match table.dtype() {
+    let (w, mins) = match table.dtype() {
         GgmlDType::Q4_0 => weights::<BlockQ4_0>(table, false)?,
         GgmlDType::Q4_1 => weights::<BlockQ4_1>(table, true)?,
         GgmlDType::Q5_0 => weights::<BlockQ5_0>(table, false)?,
@@ -86,14 +84,13 @@ pub(crate) fn dequantize_once(table: &QTensor) -> Result<Option<Dequantized>> {
         _ => return Ok(None),
     };
     Ok(Some(Dequantized {
-        w: d.w.t()?.contiguous()?,
-        transposed: true,
-        ..d
+        w_t: w.t()?.contiguous()?,
+        mins,
     }))
 }
 
-/// The weights of a CPU `table` of `W` blocks as f32, and its minimums with `with_min`.
-fn weights<W: GgmlType>(table: &QTensor, with_min: bool) -> Result<Dequantized> {
+/// The weights of a CPU `table` of `W` blocks as f32 (n, k), and its minimums with `with_min`.
+fn weights<W: GgmlType>(table: &QTensor, with_min: bool) -> Result<(Tensor, Option<Tensor>)> {
     let (n, k) = table.shape().dims2()?;
     let data = table.data()?;
     let all = blocks::<W>(&data)?;
@@ -104,11 +101,7 @@ fn weights<W: GgmlType>(table: &QTensor, with_min: bool) -> Result<Dequantized> 
         .then(|| Tensor::from_vec(block_mins::<W>(&data), (n, k / QK8), &Device::Cpu))
         .transpose()?;
     let w = Tensor::from_vec(dequantize(all, n, k), (n, k), &Device::Cpu)?;
-    Ok(Dequantized {
-        w,
-        transposed: false,
-        mins,
-    })
+    Ok((w, mins))
 }
 
 /// `with_min`: the block type stores a minimum `m` beside its scale, so its dot product takes
@@ -134,22 +127,13 @@ fn matmul<W: GgmlType>(
         };
         round_trip_rows(f32s(cpu, layout, "activations")?, k)?
     };
-    let built;
-    let Dequantized {
-        w,
-        transposed,
-        mins,
-    } = match once {
-        Some(d) => d,
-        None => {
-            built = weights::<W>(table, with_min)?;
-            &built
-        }
-    };
     let xq = Tensor::from_vec(xq, (rows, k), &Device::Cpu)?;
-    let y = match transposed {
-        true => xq.matmul(w)?,
-        false => xq.matmul(&w.t()?)?,
+    let (y, mins) = match once {
+        Some(d) => (xq.matmul(&d.w_t)?, d.mins.clone()),
+        None => {
+            let (w, mins) = weights::<W>(table, with_min)?;
+            (xq.matmul(&w.t()?)?, mins)
+        }
     };
     let y = match mins {
         Some(m) => {
