@@ -6,6 +6,8 @@ use std::{env, fs, path::PathBuf};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(["retrace/v1/retrace.proto"], ["proto"])?;
+    // Cargo hands a build script its output folder only through the environment.
+    #[allow(clippy::disallowed_methods)]
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     // compile_fds does not write the descriptor set; reflection needs it.
     let descriptors = fds.encode_to_vec();
