@@ -1,5 +1,6 @@
 """retrace's learning loop: retrain a cascade's head from what its judge decided, and swap it in
-only when it is no worse than the head serving.
+only when it is no worse than the head serving (with `target_agreement` on the cascade: only
+when it keeps more traces at the cascade's targets).
 
 The server records each trace the cascade's judge decides (`record` on the cascade). Every
 `--every` new rows this script:
@@ -14,9 +15,15 @@ The server records each trace the cascade's judge decides (`record` on the casca
   4. scores the serving head and the candidate on the newest `--max-dev` comparison rows the
      same way (`retrace eval`, each head loaded in-process) against the judge's labels:
      ProcessBench's F1, on rows neither head chose anything on;
-  5. if the candidate is no worse, puts it in the serving head's folder (the old one moved
-     aside into the round's folder) and asks the server to reload (`POST /v1/reload`); a
-     refused or failed reload puts the old folder back.
+  5. with `target_agreement` on the cascade, calibrates both heads at its targets as the server
+     would (`retrace calibrate`, guarantee.py) and measures the share each keeps on rows apart
+     from the calibration rows: the comparison rows halved by question when the cascade's
+     `calibration` file lies inside the head folder (the candidate's half is written there, so
+     it travels with the head), else the server's own calibration file and every comparison row;
+  6. swaps when the candidate keeps more at the targets, or keeps as much (nothing, say) and its
+     F1 is no worse; without a guarantee, when its F1 is no worse. A swap puts the candidate in
+     the serving head's folder (the old one moved aside into the round's folder) and asks the
+     server to reload (`POST /v1/reload`); a refused or failed reload puts the old folder back.
 Every decision goes to WORK/distill.jsonl and WORK/report.md, and one line to stdout.
 
 It is a script over the commands rather than a command of its own: each step is a tool that
@@ -39,6 +46,7 @@ import tomllib
 import urllib.request
 from pathlib import Path
 
+from scripts.learn import guarantee
 from scripts.lib.common import retrace_bin, write_jsonl
 
 
@@ -89,6 +97,8 @@ class Setup:
             v = getattr(self, path)
             if not v.is_absolute():
                 setattr(self, path, config.parent / v)
+        self.guarantee = guarantee.Guarantee.of(
+            c, self.head, lambda v: v if v.is_absolute() else config.parent / v)
 
     def record_files(self):
         folder = self.record.is_dir() or str(self.record).endswith("/")
@@ -154,12 +164,18 @@ def run(cmd, log):
         raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({r.returncode}); see {log}")
 
 
-def score(retrace, head, dev, out):
-    """ProcessBench's F1 of `head` on `dev` (the judge's labels), loaded in-process."""
+def head_config(head, out):
+    """A config serving `head` alone, as `head`, for the commands that load it in-process."""
     out.mkdir(parents=True, exist_ok=True)
     cfg = out / "eval.toml"
     cfg.write_text(f'[[evaluator]]\nname = "head"\nkind = "prm"\nfamily = "head"\n'
                    f'model = {json.dumps(str(head))}\n')
+    return cfg
+
+
+def score(retrace, head, dev, out):
+    """ProcessBench's F1 of `head` on `dev` (the judge's labels), loaded in-process."""
+    cfg = head_config(head, out)
     run([retrace, "eval", "--config", str(cfg), "--evaluator", "head", "--data", str(dev),
          "--out", str(out / "eval"), "--no-progress"], out / "eval.log")
     avg = json.loads((out / "eval" / "summary.json").read_text())["summary"]["average"]
@@ -227,28 +243,44 @@ def round_(k, setup, a, retrace, rows):
          "--cache", str(a.work / "features"), "--force", "--no-progress", *a.train_arg],
         here / "train.log")
     train_s = time.monotonic() - started
-    metric, serving = score(retrace, setup.head, here / "dev.jsonl", here / "serving")
-    _, candidate = score(retrace, here / "head", here / "dev.jsonl", here / "candidate")
+    heads = {"serving": setup.head, "candidate": here / "head"}
+    metric, serving = score(retrace, heads["serving"], here / "dev.jsonl", here / "serving")
+    _, candidate = score(retrace, heads["candidate"], here / "dev.jsonl", here / "candidate")
     threshold = json.loads((here / "head" / "config.json").read_text())["threshold"]
     entry = {"round": k, "rows": len(rows), "train": len(train), "select": len(select), "dev": len(dev),
              "metric": metric, "serving": serving, "candidate": candidate,
              "threshold": threshold, "train_s": round(train_s, 1)}
-    if candidate < serving:
-        entry["decision"] = f"kept: the candidate's dev {metric} {candidate:.2f} < the serving head's {serving:.2f}"
+    g = setup.guarantee
+    if g is not None:
+        cal, measure = guarantee.sets(g, dev, here)
+        entry["coverage"] = {
+            who: guarantee.coverage(run, retrace, head_config(head, here / who), cal, measure, g,
+                                    here / who / "calibrate")
+            for who, head in heads.items()}
+        if g.in_head is not None:
+            # The rows the candidate was calibrated on move in with it.
+            (heads["candidate"] / g.in_head).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cal, heads["candidate"] / g.in_head)
+    better, why = guarantee.decide(metric, serving, candidate, entry.get("coverage"))
+    if not better:
+        entry["decision"] = why
     else:
-        ok, answer = swap(setup, here / "head", here / "previous-head", a)
-        entry["decision"] = ("swapped" if ok else
+        ok, answer = swap(setup, heads["candidate"], here / "previous-head", a)
+        entry["decision"] = (f"swapped: {why}" if ok else
                              f"kept: the server refused the reload: {answer.get('error', answer)}")
     return entry
 
 
 def report(a, entries):
     lines = ["# retrace distill", "",
-             "| round | rows | train | dev | metric | serving | candidate | threshold | decision |",
-             "|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+             "| round | rows | train | dev | metric | serving | candidate | threshold | coverage | decision |",
+             "|---:|---:|---:|---:|---|---:|---:|---:|---|---|"]
     for e in entries:
+        c = e.get("coverage")
+        cover = f"{c['serving']['coverage']:.1%} → {c['candidate']['coverage']:.1%}" if c else "-"
         lines.append(f"| {e['round']} | {e['rows']} | {e['train']} | {e['dev']} | {e['metric']} | "
-                     f"{e['serving']:.2f} | {e['candidate']:.2f} | {e['threshold']:.3f} | {e['decision']} |")
+                     f"{e['serving']:.2f} | {e['candidate']:.2f} | {e['threshold']:.3f} | {cover} | "
+                     f"{e['decision']} |")
     (a.work / "report.md").write_text("\n".join(lines) + "\n")
 
 

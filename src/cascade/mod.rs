@@ -300,6 +300,13 @@ impl Evaluator for Cascade {
         self.prm.threshold()
     }
 
+    /// Scores its calibration rows on its PRM when that is what was swapped.
+    fn after_swap(&self) {
+        if let Escalation::Guaranteed(g) = &self.escalation {
+            g.start();
+        }
+    }
+
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>> {
         Box::pin(async move {
             let mut verdict = self.prm.evaluate(job.clone()).await?;

@@ -108,6 +108,11 @@ pub trait Evaluator: Send + Sync + 'static {
         0
     }
 
+    /// A PRM was swapped (any one: the engine tells every evaluator): a wrapper that
+    /// calibrated on one it wraps calibrates again now, not at its next request, so what it
+    /// reports (gauges, its description) follows the swap at once.
+    fn after_swap(&self) {}
+
     /// Judges one trace; the judgement carries one score per step.
     fn evaluate(&self, job: Job) -> BoxFuture<'_, Result<Judgement, EngineError>>;
 }

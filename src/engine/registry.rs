@@ -136,8 +136,15 @@ impl Engine {
             .collect()
     }
 
+    /// A reload swapped an evaluator: the health watches are taken again, and every evaluator
+    /// hears of it (a cascade over the swapped PRM calibrates on it).
     pub(super) fn swapped(&self) {
         self.swaps.send_modify(|v| *v = !*v);
+        for slot in self.slots.values() {
+            if let Some(e) = slot.evaluator.get() {
+                e.after_swap();
+            }
+        }
     }
 
     pub(super) fn slot_of(&self, name: &str) -> Arc<Slot> {

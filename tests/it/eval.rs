@@ -549,6 +549,23 @@ async fn eval_and_calibrate_run_end_to_end_against_a_server() {
         assert!(row.contains("none") && row.contains("0/3"), "{guarantee}");
     }
     assert!(!guarantee.contains("target_agreement = "), "{guarantee}");
+    // The same choice as JSON, for scripts: no threshold, none kept, five test rows.
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cal_out.join("fake/guarantee.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(json["target_agreement"], 0.9);
+    let ways = json["ways"].as_array().unwrap();
+    assert_eq!(ways.len(), 2);
+    for w in ways {
+        assert!(w["threshold"].is_null(), "{w}");
+        assert_eq!(
+            (w["calibration_rows"].as_u64(), w["kept"].as_u64()),
+            (Some(3), Some(0))
+        );
+        assert_eq!(w["test"]["rows"], 5, "{w}");
+        assert_eq!(w["test"]["kept"], 0, "{w}");
+    }
     assert!(
         std::fs::read_to_string(cal_out.join("fake/report.html"))
             .unwrap()

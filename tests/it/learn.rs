@@ -338,7 +338,8 @@ async fn distill_retrains_the_head_from_recorded_rows_and_swaps_it_in() {
     let log = std::fs::read_to_string(dir.join("work/distill.jsonl")).unwrap();
     let entry: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
     assert_eq!(entry["rows"], TRACES);
-    assert_eq!(entry["decision"], "swapped", "{said}");
+    let decision = entry["decision"].as_str().unwrap();
+    assert!(decision.starts_with("swapped: dev f1"), "{said}");
     assert!(
         entry["candidate"].as_f64() >= entry["serving"].as_f64(),
         "{entry}"
@@ -356,6 +357,141 @@ async fn distill_retrains_the_head_from_recorded_rows_and_swaps_it_in() {
         std::fs::read_to_string(dir.join("work/report.md"))
             .unwrap()
             .contains("swapped")
+    );
+    s.stop().await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Rows of `parity_trace(i)` for `range`, labelled as `oracle` judges them.
+fn oracle_rows(range: std::ops::Range<usize>) -> String {
+    range
+        .map(|i| {
+            let t = parity_trace(i);
+            let label = if i % 2 == 1 { 1 } else { -1 };
+            serde_json::json!({"question": t.question, "steps": t.steps, "label": label})
+                .to_string()
+                + "\n"
+        })
+        .collect()
+}
+
+fn questions(path: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["question"].to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distill_swaps_a_guaranteed_cascades_head_by_coverage_and_its_calibration_travels() {
+    let dir = temp("distill-guarantee");
+    let base = dir.join("base");
+    copy_base(&base);
+    let sum = retrace_model::checkpoint_sha256(&base).unwrap();
+    let head = dir.join("head");
+    std::fs::create_dir_all(&head).unwrap();
+    write_weights(&head, &weights(64));
+    write_config(&head, base.to_str().unwrap(), &sum, 0.5);
+    // The serving head's calibration rows live in its folder, so a candidate brings its own.
+    std::fs::write(head.join("calibration.jsonl"), oracle_rows(1000..1030)).unwrap();
+    let up = Upstream::start(Fault::By(oracle)).await;
+    let text = format!(
+        "[[evaluator]]\nname = \"ghead2\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n\n\
+         [[evaluator]]\nname = \"gj2\"\nkind = \"judge\"\nbase_url = \"{}\"\nmodel = \"fake\"\n\
+         output = \"text\"\n\n[[evaluator]]\nname = \"gc2\"\nkind = \"cascade\"\nprm = \"ghead2\"\n\
+         judge = \"gj2\"\ntarget_agreement = 0.6\ntarget_confidence = 0.6\ncalibration = {:?}\n\
+         record = {:?}\n",
+        head.display().to_string(),
+        up.base_url(),
+        head.join("calibration.jsonl").display().to_string(),
+        dir.join("rows/verdicts.jsonl").display().to_string(),
+    );
+    let toml = dir.join("retrace.toml");
+    std::fs::write(&toml, &text).unwrap();
+    let config = Config::parse(&text, "test config", &[]).unwrap();
+    let s = TestServer::start(config, retrace::default_loader()).await;
+    s.ready().await;
+    let cascade = [("evaluator", "gc2")];
+    s.until_sample(
+        "retrace_cascade_calibration_rows",
+        &cascade,
+        30.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    let mut client = s.client().await;
+    let mut escalated = 0;
+    for i in 0..100 {
+        let r = client
+            .evaluate(request(&i.to_string(), "gc2", parity_trace(i)))
+            .await;
+        escalated += usize::from(r.unwrap().get_ref().path == pb::DecisionPath::Escalated as i32);
+    }
+    let written = [("evaluator", "gc2"), ("outcome", "written")];
+    s.until_sample(
+        "retrace_recorded_total",
+        &written,
+        escalated as f64,
+        Duration::from_secs(10),
+    )
+    .await;
+
+    let out = std::process::Command::new("python3")
+        .current_dir(crate::common::REPO)
+        .args(["-m", "scripts.learn.distill"])
+        .args(["--config", toml.to_str().unwrap(), "--evaluator", "gc2"])
+        .args(["--http", &format!("http://{}", s.http_addr)])
+        .args(["--retrace", env!("CARGO_BIN_EXE_retrace"), "--once"])
+        .args(["--dev-share", "0.6"])
+        .args(["--work", dir.join("work").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let log = std::fs::read_to_string(dir.join("work/distill.jsonl")).unwrap();
+    let entry: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    // Both heads calibrated on one set and measured on another, no question on both.
+    let round = dir.join("work/round-001");
+    let (cal, measure) = (
+        questions(&round.join("calibration.jsonl")),
+        questions(&round.join("measure.jsonl")),
+    );
+    assert!(!cal.is_empty() && !measure.is_empty(), "{entry}");
+    assert!(cal.iter().all(|q| !measure.contains(q)));
+    for who in ["serving", "candidate"] {
+        let c = &entry["coverage"][who];
+        assert_eq!(c["calibration_rows"], cal.len(), "{entry}");
+        assert_eq!(c["measured_rows"], measure.len(), "{entry}");
+    }
+    // The candidate learnt the parity the oracle judges by, so it keeps more at the targets.
+    let (serving, candidate) = (
+        entry["coverage"]["serving"]["coverage"].as_f64().unwrap(),
+        entry["coverage"]["candidate"]["coverage"].as_f64().unwrap(),
+    );
+    assert!(candidate > serving, "{entry}");
+    let decision = entry["decision"].as_str().unwrap();
+    assert!(decision.starts_with("swapped: coverage"), "{entry}");
+    // Its calibration rows moved in with it, and the server chose on them what the loop did.
+    assert_eq!(
+        std::fs::read(head.join("calibration.jsonl")).unwrap(),
+        std::fs::read(round.join("calibration.jsonl")).unwrap()
+    );
+    let metrics = s
+        .until_sample(
+            "retrace_cascade_calibration_rows",
+            &cascade,
+            cal.len() as f64,
+            Duration::from_secs(30),
+        )
+        .await;
+    let chosen = entry["coverage"]["candidate"]["threshold"]
+        .as_f64()
+        .unwrap();
+    let served = sample(&metrics, "retrace_cascade_confidence_threshold", &cascade).unwrap();
+    assert!(
+        (served - chosen).abs() < 1e-9,
+        "{served} served, {chosen} chosen"
     );
     s.stop().await.unwrap();
     std::fs::remove_dir_all(&dir).unwrap();

@@ -138,6 +138,34 @@ pub(super) fn render(target: AgreementTarget, rows: &[GuaranteeRow]) -> String {
     out
 }
 
+/// The same table as JSON (`guarantee.json`), for scripts that act on it (the learning loop
+/// compares heads by their coverage): one entry per way of reading confidence.
+pub(super) fn json(target: AgreementTarget, rows: &[GuaranteeRow]) -> serde_json::Value {
+    let ways: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            let c = &r.calibrated;
+            serde_json::json!({
+                "confidence": name(r.confidence),
+                "threshold": c.threshold,
+                "calibration_rows": c.items,
+                "kept": c.kept,
+                "disagreements": c.disagreements,
+                "bound": c.bound,
+                "test": r.test.map(|(kept, agreed, rows)| serde_json::json!({
+                    "rows": rows, "kept": kept, "agreed": agreed,
+                })),
+                "auroc": r.auroc,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "target_agreement": target.agreement,
+        "target_confidence": target.confidence,
+        "ways": ways,
+    })
+}
+
 fn name(c: Confidence) -> &'static str {
     match c {
         Confidence::Verdict => "verdict",

@@ -59,7 +59,8 @@ pub struct CalibrateOptions {
     #[arg(long, value_parser = probability, requires = "target_agreement")]
     pub target_confidence: Option<f64>,
     /// Output folder: one subfolder per evaluator with the cached scores
-    /// (calibration.jsonl, test.jsonl; reused on rerun) and the report.
+    /// (calibration.jsonl, test.jsonl; reused on rerun) and the report (with
+    /// --target-agreement, also guarantee.txt and guarantee.json).
     #[arg(long, default_value = "retrace-calibrate")]
     pub out: PathBuf,
     #[command(flatten)]
@@ -328,11 +329,14 @@ async fn calibrate_one(
         let measured = guarantee::measure(target, &cal_rows, test_rows.as_deref());
         let text = guarantee::render(target, &measured);
         print!("{text}");
-        let path = dir.join("guarantee.txt");
-        std::fs::write(&path, &text).map_err(|source| EvalError::Io {
-            what: format!("writing {}", shown(&path)),
-            source,
-        })?;
+        let json = guarantee::json(target, &measured).to_string() + "\n";
+        for (file, body) in [("guarantee.txt", &text), ("guarantee.json", &json)] {
+            let path = dir.join(file);
+            std::fs::write(&path, body).map_err(|source| EvalError::Io {
+                what: format!("writing {}", shown(&path)),
+                source,
+            })?;
+        }
     }
     Ok(result)
 }
