@@ -17,9 +17,11 @@ The server records each trace the cascade's judge decides (`record` on the casca
      ProcessBench's F1, on rows neither head chose anything on;
   5. with `target_agreement` on the cascade, calibrates both heads at its targets as the server
      would (`retrace calibrate`, guarantee.py) and measures the share each keeps on rows apart
-     from the calibration rows: the comparison rows halved by question when the cascade's
-     `calibration` file lies inside the head folder (the candidate's half is written there, so
-     it travels with the head), else the server's own calibration file and every comparison row;
+     from the calibration rows. When the cascade's `calibration` file lies inside the head
+     folder, the calibration rows are the serving head's and half the comparison rows (by
+     question), written into the candidate's folder so they travel with it; else the server's
+     own calibration file. The other comparison rows measure. No head trains on a calibration
+     row's question;
   6. swaps when the candidate keeps more at the targets, or keeps as much (nothing, say) and its
      F1 is no worse; without a guarantee, when its F1 is no worse. A swap puts the candidate in
      the serving head's folder (the old one moved aside into the round's folder) and asks the
@@ -47,6 +49,7 @@ import urllib.request
 from pathlib import Path
 
 from scripts.learn import guarantee
+from scripts.lib.common import read_rows as read_file
 from scripts.lib.common import retrace_bin, write_jsonl
 
 
@@ -226,6 +229,14 @@ def round_(k, setup, a, retrace, rows):
     if not select or not dev:
         sys.exit(f"round {k}: {len(select)} selection and {len(dev)} comparison rows; "
                  "both need some: record more rows or raise --dev-share")
+    g = setup.guarantee
+    if g is not None:
+        cal, measure, questions = guarantee.sets(g, setup.head, dev, here)
+        train = [r for r in train if r["question"] not in questions]
+        for s in a.seed:
+            if any(r.get("question", r.get("problem")) in questions for r in read_file(s)):
+                sys.exit(f"{s}: a seed row shares its question with a calibration row; a head "
+                         "trained on it would be calibrated on what it learnt: keep them apart")
     chunks = write_chunks(a.work / "train", train, a.chunk)
     write_jsonl(here / "select.jsonl", select)
     write_jsonl(here / "dev.jsonl", dev)
@@ -250,9 +261,7 @@ def round_(k, setup, a, retrace, rows):
     entry = {"round": k, "rows": len(rows), "train": len(train), "select": len(select), "dev": len(dev),
              "metric": metric, "serving": serving, "candidate": candidate,
              "threshold": threshold, "train_s": round(train_s, 1)}
-    g = setup.guarantee
     if g is not None:
-        cal, measure = guarantee.sets(g, dev, here)
         entry["coverage"] = {
             who: guarantee.coverage(run, retrace, head_config(head, here / who), cal, measure, g,
                                     here / who / "calibrate")

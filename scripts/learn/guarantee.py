@@ -5,8 +5,11 @@ rows and measured on another, neither of which either head chose anything on.
 The calibration is `retrace calibrate --target-agreement` (the server's own choice of threshold,
 the same code), so what the loop measures is what the server would keep. When the cascade's
 `calibration` file lies inside the serving head's folder, the loop writes each candidate's
-calibration rows there too: the rows move in with the head at a swap, and the server, which
-scores its calibration rows again at every swap, chooses the threshold the loop measured.
+calibration rows there too: the serving head's rows and the new ones, so the set grows round by
+round (and its bound tightens) instead of starting again. The rows move in with the head at a
+swap, and the server, which scores its calibration rows again at every swap, chooses the
+threshold the loop measured. No head trains on a calibration row's question, and none is measured
+on one: a held-out question stays held out in every round (distill's split is by its hash).
 """
 
 import hashlib
@@ -14,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.lib.common import write_jsonl
+from scripts.lib.common import read_rows, write_jsonl
 
 
 @dataclass
@@ -54,17 +57,30 @@ def halve(compare):
             [r for r in compare if not to_calibrate(r["question"])])
 
 
-def sets(g, compare, here):
-    """The rows each head is calibrated on and measured on, as files in `here`. Rows that travel
-    with the head come from the comparison set; otherwise the server's own calibration file is
-    what the loop calibrates on, and every comparison row measures."""
+def key(row):
+    return json.dumps([row["question"], row.get("steps"), row.get("text")])
+
+
+def sets(g, serving, compare, here):
+    """The rows each head is calibrated on and measured on, as files in `here`, and the
+    calibration rows' questions (no head may train on them). Where the rows travel with the
+    head, they are the serving head's (from its folder, `serving`) and the comparison set's
+    calibration half; otherwise the server's own calibration file. The rest of the comparison
+    rows measure, but for any on a calibration row's question."""
     if g.in_head is None:
-        write_jsonl(here / "measure.jsonl", compare)
-        return g.rows, here / "measure.jsonl"
-    cal, measure = halve(compare)
-    write_jsonl(here / "calibration.jsonl", cal)
-    write_jsonl(here / "measure.jsonl", measure)
-    return here / "calibration.jsonl", here / "measure.jsonl"
+        cal, path = read_rows(g.rows), g.rows
+        measure = compare
+    else:
+        old = serving / g.in_head
+        cal = read_rows(old) if old.is_file() else []
+        new, measure = halve(compare)
+        seen = {key(r) for r in cal}
+        cal = cal + [r for r in new if key(r) not in seen]
+        path = here / "calibration.jsonl"
+        write_jsonl(path, cal)
+    questions = {r["question"] for r in cal}
+    write_jsonl(here / "measure.jsonl", [r for r in measure if r["question"] not in questions])
+    return path, here / "measure.jsonl", questions
 
 
 def coverage(run, retrace, config, cal, measure, g, out):

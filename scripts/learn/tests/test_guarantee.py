@@ -3,6 +3,7 @@ the calibration rows travel, and which head wins."""
 from pathlib import Path
 
 from scripts.learn import guarantee
+from scripts.lib.common import read_rows, write_jsonl
 
 
 def rows(n):
@@ -28,12 +29,27 @@ def test_the_calibration_rows_travel_with_the_head_only_when_they_live_in_its_fo
                                    head, resolve)
     assert apart.in_head is None and apart.reading == "margin"
     assert guarantee.Guarantee.of({"escalate_margin": 0.1}, head, resolve) is None
-    # Apart from the head, the server's own file calibrates and every comparison row measures.
-    cal, measure = guarantee.sets(apart, rows(10), tmp_path)
-    assert cal == tmp_path / "rows.jsonl"
-    assert len(measure.read_text().splitlines()) == 10
-    cal, measure = guarantee.sets(g, rows(10), tmp_path)
-    assert len(cal.read_text().splitlines()) + len(measure.read_text().splitlines()) == 10
+    # Apart from the head, the server's own file calibrates, and the comparison rows measure but
+    # for those on its questions.
+    write_jsonl(tmp_path / "rows.jsonl", rows(4))
+    cal, measure, questions = guarantee.sets(apart, head, rows(10), tmp_path)
+    assert cal == tmp_path / "rows.jsonl" and questions == {"q0", "q1"}
+    assert len(measure.read_text().splitlines()) == 6
+    # In the head's folder: the serving head's rows grow by the comparison set's calibration
+    # half, and the other half measures.
+    (head / "cal").mkdir(parents=True)
+    old = [{"question": "old", "steps": ["s"], "label": 0}]
+    write_jsonl(head / "cal" / "rows.jsonl", old)
+    cal, measure, questions = guarantee.sets(g, head, rows(40), tmp_path)
+    cal_rows, measured = read_rows(cal), read_rows(measure)
+    assert cal_rows[0] == old[0] and "old" in questions
+    assert len(cal_rows) - 1 + len(measured) == 40
+    assert not {r["question"] for r in measured} & questions
+    # A second round over the same rows adds none twice.
+    write_jsonl(head / "cal" / "rows.jsonl", cal_rows)
+    (tmp_path / "again").mkdir()
+    again, _, _ = guarantee.sets(g, head, rows(40), tmp_path / "again")
+    assert read_rows(again) == cal_rows
 
 
 def cover(serving, candidate):
