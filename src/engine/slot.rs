@@ -316,12 +316,6 @@ impl Evaluator for Gated {
         self.0.evaluator.generation()
     }
 
-    fn after_swap(&self) {
-        if let Some(e) = self.0.evaluator.get() {
-            e.after_swap();
-        }
-    }
-
     /// The evaluator's own, not its config's: a cascade's threshold key is the cascade's.
     fn threshold(&self) -> Option<f32> {
         self.0.evaluator.get()?.threshold()
