@@ -1,6 +1,6 @@
 """retrace's learning loop: retrain a cascade's head from what its judge decided, and swap it in
-only when it is no worse than the head serving (with `target_agreement` on the cascade: only
-when it keeps more traces at the cascade's targets).
+only when it is no worse than the head serving (with `target_agreement` on the cascade: when it
+keeps more traces at the cascade's targets, or as many and is no worse).
 
 The server records each trace the cascade's judge decides (`record` on the cascade). Every
 `--every` new rows this script:
@@ -167,12 +167,14 @@ def run(cmd, log):
         raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({r.returncode}); see {log}")
 
 
-def head_config(head, out):
-    """A config serving `head` alone, as `head`, for the commands that load it in-process."""
+def head_config(head, out, threshold=None):
+    """A config serving `head` alone, as `head`, for the commands that load it in-process; at
+    `threshold` when given (else the head's own)."""
     out.mkdir(parents=True, exist_ok=True)
     cfg = out / "eval.toml"
+    at = "" if threshold is None else f"threshold = {threshold}\n"
     cfg.write_text(f'[[evaluator]]\nname = "head"\nkind = "prm"\nfamily = "head"\n'
-                   f'model = {json.dumps(str(head))}\n')
+                   f'model = {json.dumps(str(head))}\n{at}')
     return cfg
 
 
@@ -225,16 +227,26 @@ def swap(setup, candidate, aside, a):
 def round_(k, setup, a, retrace, rows):
     here = a.work / f"round-{k:03d}"
     here.mkdir(parents=True, exist_ok=True)
-    train, select, dev = split(rows, a.dev_share, a.max_dev)
+    # A round rerun (after a crash) starts clean: the commands reuse scores cached in its folder.
+    shutil.rmtree(here)
+    here.mkdir(parents=True)
+    train, select, dev = split(rows, a.dev_share, 10**12)
+    every = dev
+    dev = dev[-a.max_dev:]
     if not select or not dev:
         sys.exit(f"round {k}: {len(select)} selection and {len(dev)} comparison rows; "
                  "both need some: record more rows or raise --dev-share")
     g = setup.guarantee
     if g is not None:
-        cal, measure, questions = guarantee.sets(g, setup.head, dev, here)
-        train = [r for r in train if r["question"] not in questions]
+        cal, measure, questions = guarantee.sets(g, setup.head, every, dev, here)
+        if not guarantee.count(cal) or not guarantee.count(measure):
+            sys.exit(f"round {k}: {guarantee.count(cal)} calibration and {guarantee.count(measure)} "
+                     "measurement rows; both need some: record more rows or raise --dev-share")
+        # No head learns from, chooses on or is compared on a calibration row's question.
+        train, select, dev = ([r for r in rs if guarantee.question(r) not in questions]
+                              for rs in (train, select, dev))
         for s in a.seed:
-            if any(r.get("question", r.get("problem")) in questions for r in read_file(s)):
+            if any(guarantee.question(r) in questions for r in read_file(s)):
                 sys.exit(f"{s}: a seed row shares its question with a calibration row; a head "
                          "trained on it would be calibrated on what it learnt: keep them apart")
     chunks = write_chunks(a.work / "train", train, a.chunk)
@@ -263,8 +275,8 @@ def round_(k, setup, a, retrace, rows):
              "threshold": threshold, "train_s": round(train_s, 1)}
     if g is not None:
         entry["coverage"] = {
-            who: guarantee.coverage(run, retrace, head_config(head, here / who), cal, measure, g,
-                                    here / who / "calibrate")
+            who: guarantee.coverage(run, retrace, head_config(head, here / who / "at", g.threshold),
+                                    cal, measure, g, here / who / "calibrate")
             for who, head in heads.items()}
         if g.in_head is not None:
             # The rows the candidate was calibrated on move in with it.

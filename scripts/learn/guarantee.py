@@ -30,6 +30,8 @@ class Guarantee:
     rows: Path
     # The rows' path inside the head folder, when they travel with the head; else None.
     in_head: Path | None
+    # The cascade's own threshold, which the server calibrates at; None: the head's.
+    threshold: float | None = None
 
     @staticmethod
     def of(table, head, resolve):
@@ -41,7 +43,17 @@ class Guarantee:
         return Guarantee(agreement=float(table["target_agreement"]),
                          confidence=float(table.get("target_confidence", 0.9)),
                          reading=table.get("confidence", "verdict"), rows=rows,
-                         in_head=rows.resolve().relative_to(head.resolve()) if inside else None)
+                         in_head=rows.resolve().relative_to(head.resolve()) if inside else None,
+                         threshold=table.get("threshold"))
+
+
+def question(row):
+    """A row's question, under either name a data file may give it (as `eval` reads them)."""
+    return row.get("question", row.get("problem"))
+
+
+def count(path):
+    return len(read_rows(path)) if Path(path).is_file() else 0
 
 
 def to_calibrate(question):
@@ -53,33 +65,34 @@ def to_calibrate(question):
 
 def halve(compare):
     """The comparison rows as calibration rows and measurement rows; no question on both."""
-    return ([r for r in compare if to_calibrate(r["question"])],
-            [r for r in compare if not to_calibrate(r["question"])])
+    return ([r for r in compare if to_calibrate(question(r))],
+            [r for r in compare if not to_calibrate(question(r))])
 
 
 def key(row):
-    return json.dumps([row["question"], row.get("steps"), row.get("text")])
+    return json.dumps([question(row), row.get("steps"), row.get("text")])
 
 
-def sets(g, serving, compare, here):
+def sets(g, serving, every, newest, here):
     """The rows each head is calibrated on and measured on, as files in `here`, and the
-    calibration rows' questions (no head may train on them). Where the rows travel with the
-    head, they are the serving head's (from its folder, `serving`) and the comparison set's
-    calibration half; otherwise the server's own calibration file. The rest of the comparison
-    rows measure, but for any on a calibration row's question."""
+    calibration rows' questions (no head may train, choose or be compared on them). Where the
+    rows travel with the head, they are the serving head's (from its folder, `serving`) and the
+    calibration half of every comparison row recorded (`every`), so none is lost when a
+    candidate is not swapped in; otherwise the server's own calibration file. The other half of
+    the newest comparison rows (`newest`) measures, but for any on a calibration row's question."""
     if g.in_head is None:
         cal, path = read_rows(g.rows), g.rows
-        measure = compare
+        measure = newest
     else:
         old = serving / g.in_head
         cal = read_rows(old) if old.is_file() else []
-        new, measure = halve(compare)
         seen = {key(r) for r in cal}
-        cal = cal + [r for r in new if key(r) not in seen]
+        cal = cal + [r for r in halve(every)[0] if key(r) not in seen]
+        measure = halve(newest)[1]
         path = here / "calibration.jsonl"
         write_jsonl(path, cal)
-    questions = {r["question"] for r in cal}
-    write_jsonl(here / "measure.jsonl", [r for r in measure if r["question"] not in questions])
+    questions = {question(r) for r in cal}
+    write_jsonl(here / "measure.jsonl", [r for r in measure if question(r) not in questions])
     return path, here / "measure.jsonl", questions
 
 

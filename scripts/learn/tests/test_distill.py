@@ -40,3 +40,43 @@ def test_a_reload_call_that_fails_puts_the_serving_head_back(tmp_path):
     assert "reload call failed" in answer["error"]
     assert (head / "config.json").read_text() == '{"serving": true}'
     assert not (tmp_path / "aside").exists()
+
+
+def test_no_head_trains_chooses_or_is_compared_on_a_calibration_question(tmp_path, monkeypatch):
+    """A round with the cascade's own calibration file (outside the head): its questions are
+    left out of every set the round writes, and a seed row on one is refused."""
+    import pytest
+
+    from scripts.learn import guarantee
+    from scripts.lib.common import read_rows, write_jsonl
+
+    recorded = rows(600)
+    cal_file = tmp_path / "cal.jsonl"
+    # Calibration rows on questions the recorded stream also holds, on every side of the split.
+    write_jsonl(cal_file, recorded[::5])
+    head = tmp_path / "head"
+    head.mkdir()
+    g = guarantee.Guarantee.of({"target_agreement": 0.9, "calibration": str(cal_file)}, head, lambda p: p)
+    setup = SimpleNamespace(head=head, guarantee=g, prm="h")
+    a = SimpleNamespace(work=tmp_path / "work", dev_share=0.5, max_dev=10_000, chunk=50, seed=[],
+                        train_arg=[])
+
+    def stop(*_args, **_kw):
+        raise RuntimeError("stop before train-head")
+
+    monkeypatch.setattr(distill, "run", stop)
+    (head / "config.json").write_text('{"base": "/elsewhere"}')
+    with pytest.raises(RuntimeError):
+        distill.round_(1, setup, a, "retrace", recorded)
+    cal_q = {r["question"] for r in read_rows(cal_file)}
+    here = a.work / "round-001"
+    for name in ("select.jsonl", "dev.jsonl", "measure.jsonl"):
+        assert not {r["question"] for r in read_rows(here / name)} & cal_q, name
+    trained = [r for f in sorted((a.work / "train").iterdir()) for r in read_rows(f)]
+    assert trained and not {r["question"] for r in trained} & cal_q
+    # A seed row on a calibration question is refused.
+    seed = tmp_path / "seed.jsonl"
+    write_jsonl(seed, recorded[:3])
+    a.seed = [seed]
+    with pytest.raises(SystemExit, match="seed row"):
+        distill.round_(1, setup, a, "retrace", recorded)

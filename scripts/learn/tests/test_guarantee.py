@@ -32,7 +32,7 @@ def test_the_calibration_rows_travel_with_the_head_only_when_they_live_in_its_fo
     # Apart from the head, the server's own file calibrates, and the comparison rows measure but
     # for those on its questions.
     write_jsonl(tmp_path / "rows.jsonl", rows(4))
-    cal, measure, questions = guarantee.sets(apart, head, rows(10), tmp_path)
+    cal, measure, questions = guarantee.sets(apart, head, rows(10), rows(10), tmp_path)
     assert cal == tmp_path / "rows.jsonl" and questions == {"q0", "q1"}
     assert len(measure.read_text().splitlines()) == 6
     # In the head's folder: the serving head's rows grow by the comparison set's calibration
@@ -40,7 +40,7 @@ def test_the_calibration_rows_travel_with_the_head_only_when_they_live_in_its_fo
     (head / "cal").mkdir(parents=True)
     old = [{"question": "old", "steps": ["s"], "label": 0}]
     write_jsonl(head / "cal" / "rows.jsonl", old)
-    cal, measure, questions = guarantee.sets(g, head, rows(40), tmp_path)
+    cal, measure, questions = guarantee.sets(g, head, rows(40), rows(40), tmp_path)
     cal_rows, measured = read_rows(cal), read_rows(measure)
     assert cal_rows[0] == old[0] and "old" in questions
     assert len(cal_rows) - 1 + len(measured) == 40
@@ -48,8 +48,17 @@ def test_the_calibration_rows_travel_with_the_head_only_when_they_live_in_its_fo
     # A second round over the same rows adds none twice.
     write_jsonl(head / "cal" / "rows.jsonl", cal_rows)
     (tmp_path / "again").mkdir()
-    again, _, _ = guarantee.sets(g, head, rows(40), tmp_path / "again")
+    again, _, _ = guarantee.sets(g, head, rows(40), rows(40), tmp_path / "again")
     assert read_rows(again) == cal_rows
+    # The calibration half comes from every comparison row, measurement from the newest only:
+    # rows that left the newest window still calibrate when the head serving never took them.
+    (head / "cal" / "rows.jsonl").unlink()
+    (tmp_path / "window").mkdir()
+    cal, measure, _ = guarantee.sets(g, head, rows(400), rows(400)[-40:], tmp_path / "window")
+    assert len(read_rows(cal)) > 100 and len(read_rows(measure)) < 40
+    # ProcessBench's own files name the question `problem`.
+    assert guarantee.halve([{"problem": "p", "steps": []}]) in (([{"problem": "p", "steps": []}], []),
+                                                                 ([], [{"problem": "p", "steps": []}]))
 
 
 def cover(serving, candidate):
