@@ -218,7 +218,14 @@ impl CascadeGuard {
         runtime.spawn(async move {
             let scored = self.score().await;
             let mut state = self.lock();
-            state.scoring = None;
+            if state.scoring == Some(generation) {
+                state.scoring = None;
+            }
+            // The PRM was swapped again while these rows were scored: its own scoring runs (a
+            // swap starts one), and these scores are of a PRM that no longer serves.
+            if generation != self.prm.generation() {
+                return;
+            }
             state.chosen = None;
             state.drifted = None;
             let before = state.scored.replace((generation, Arc::new(scored)));
@@ -372,7 +379,10 @@ impl CascadeGuard {
         );
         let state = self.lock();
         match &state.chosen {
-            _ if state.scored.is_none() => format!("{head}: calibrating, every trace escalates"),
+            // Scoring runs (at load, or for a swapped PRM): what was chosen before is not in force.
+            _ if state.scored.is_none() || state.scoring.is_some() => {
+                format!("{head}: calibrating, every trace escalates")
+            }
             _ if state.drifted.is_some() => {
                 format!("{head}: audits showed drift, every trace escalates until recalibrated")
             }

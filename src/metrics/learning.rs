@@ -150,9 +150,8 @@ pub(crate) fn set_guarantee(
 ) {
     let name = || cascade.to_string();
     gauge!(GUARANTEED, "evaluator" => name()).set(if threshold.is_some() { 1.0 } else { 0.0 });
-    if let Some(t) = threshold {
-        gauge!(CONFIDENCE_THRESHOLD, "evaluator" => name()).set(t);
-    }
+    // NaN while no threshold holds: the last one chosen is no longer in force.
+    gauge!(CONFIDENCE_THRESHOLD, "evaluator" => name()).set(threshold.unwrap_or(f64::NAN));
     gauge!(CALIBRATION_ROWS, "evaluator" => name()).set(rows as f64);
     gauge!(DISAGREEMENT_BOUND, "evaluator" => name()).set(bound);
     gauge!(EXPECTED_COVERAGE, "evaluator" => name()).set(coverage);

@@ -160,6 +160,10 @@ async fn a_guaranteed_cascade_with_too_few_rows_escalates_everything_and_says_so
         sample(&metrics, "retrace_cascade_guaranteed", &labels),
         Some(0.0)
     );
+    // No confidence threshold is in force, and the gauge says so rather than keeping the last
+    // one chosen (as after a swap to a head that holds no threshold).
+    let none = sample(&metrics, "retrace_cascade_confidence_threshold", &labels);
+    assert!(none.is_some_and(f64::is_nan), "{none:?}");
     for i in 100..110 {
         let (_, _, path) = verdict_of(&s, "fc", parity_trace(i)).await;
         assert_eq!(path, pb::DecisionPath::Escalated as i32);
