@@ -239,9 +239,10 @@ def round_(k, setup, a, retrace, rows):
     g = setup.guarantee
     if g is not None:
         cal, measure, questions = guarantee.sets(g, setup.head, every, dev, here)
-        if not guarantee.count(cal) or not guarantee.count(measure):
-            sys.exit(f"round {k}: {guarantee.count(cal)} calibration and {guarantee.count(measure)} "
-                     "measurement rows; both need some: record more rows or raise --dev-share")
+        counts = guarantee.count(cal), guarantee.count(measure)
+        if not all(counts):
+            sys.exit(f"round {k}: {counts[0]} calibration and {counts[1]} measurement rows; "
+                     "both need some: record more rows or raise --dev-share")
         # No head learns from, chooses on or is compared on a calibration row's question.
         train, select, dev = ([r for r in rs if guarantee.question(r) not in questions]
                               for rs in (train, select, dev))

@@ -272,9 +272,9 @@ pub(crate) fn parity_trace(i: usize) -> pb::Trace {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn distill_retrains_the_head_from_recorded_rows_and_swaps_it_in() {
-    let dir = temp("distill");
+/// The head the loop tests start from, in `dir/head`, over the tiny base copied beside it (a
+/// swap moves the head's folder aside, so its base lies outside it).
+fn loop_head(dir: &Path) -> std::path::PathBuf {
     let base = dir.join("base");
     copy_base(&base);
     let sum = retrace_model::checkpoint_sha256(&base).unwrap();
@@ -282,6 +282,40 @@ async fn distill_retrains_the_head_from_recorded_rows_and_swaps_it_in() {
     std::fs::create_dir_all(&head).unwrap();
     write_weights(&head, &weights(64));
     write_config(&head, base.to_str().unwrap(), &sum, 0.5);
+    head
+}
+
+/// One round of `scripts/learn/distill.py` on `cascade` of the served `toml`, working in
+/// `dir/work`: its first log entry, and what it printed. Panics if it failed.
+fn distill_once(
+    dir: &Path,
+    toml: &Path,
+    cascade: &str,
+    s: &TestServer,
+    dev_share: &str,
+) -> (serde_json::Value, String) {
+    let out = std::process::Command::new("python3")
+        .current_dir(crate::common::REPO)
+        .args(["-m", "scripts.learn.distill"])
+        .args(["--config", toml.to_str().unwrap(), "--evaluator", cascade])
+        .args(["--http", &format!("http://{}", s.http_addr)])
+        .args(["--retrace", env!("CARGO_BIN_EXE_retrace"), "--once"])
+        .args(["--dev-share", dev_share])
+        .args(["--work", dir.join("work").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let log = std::fs::read_to_string(dir.join("work/distill.jsonl")).unwrap();
+    let entry = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    (entry, said)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distill_retrains_the_head_from_recorded_rows_and_swaps_it_in() {
+    let dir = temp("distill");
+    let head = loop_head(&dir);
     let up = Upstream::start(Fault::By(oracle)).await;
     let text = format!(
         "[[evaluator]]\nname = \"dhead\"\nkind = \"prm\"\nfamily = \"head\"\nmodel = {:?}\n\n\
@@ -317,26 +351,7 @@ async fn distill_retrains_the_head_from_recorded_rows_and_swaps_it_in() {
     )
     .await;
 
-    let out = std::process::Command::new("python3")
-        .current_dir(crate::common::REPO)
-        .args(["-m", "scripts.learn.distill"])
-        .args(["--config", toml.to_str().unwrap(), "--evaluator", "dc"])
-        .args(["--http", &format!("http://{}", s.http_addr)])
-        .args([
-            "--retrace",
-            env!("CARGO_BIN_EXE_retrace"),
-            "--once",
-            "--dev-share",
-            "0.3",
-        ])
-        .args(["--work", dir.join("work").to_str().unwrap()])
-        .output()
-        .unwrap();
-    let said =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{said}");
-    let log = std::fs::read_to_string(dir.join("work/distill.jsonl")).unwrap();
-    let entry: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    let (entry, said) = distill_once(&dir, &toml, "dc", &s, "0.3");
     assert_eq!(entry["rows"], TRACES);
     let decision = entry["decision"].as_str().unwrap();
     assert!(decision.starts_with("swapped: dev f1"), "{said}");
@@ -385,13 +400,7 @@ fn questions(path: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distill_swaps_a_guaranteed_cascades_head_by_coverage_and_its_calibration_travels() {
     let dir = temp("distill-guarantee");
-    let base = dir.join("base");
-    copy_base(&base);
-    let sum = retrace_model::checkpoint_sha256(&base).unwrap();
-    let head = dir.join("head");
-    std::fs::create_dir_all(&head).unwrap();
-    write_weights(&head, &weights(64));
-    write_config(&head, base.to_str().unwrap(), &sum, 0.5);
+    let head = loop_head(&dir);
     // The serving head's calibration rows live in its folder, so a candidate brings its own.
     std::fs::write(head.join("calibration.jsonl"), oracle_rows(1000..1030)).unwrap();
     let up = Upstream::start(Fault::By(oracle)).await;
@@ -436,21 +445,7 @@ async fn distill_swaps_a_guaranteed_cascades_head_by_coverage_and_its_calibratio
     )
     .await;
 
-    let out = std::process::Command::new("python3")
-        .current_dir(crate::common::REPO)
-        .args(["-m", "scripts.learn.distill"])
-        .args(["--config", toml.to_str().unwrap(), "--evaluator", "gc2"])
-        .args(["--http", &format!("http://{}", s.http_addr)])
-        .args(["--retrace", env!("CARGO_BIN_EXE_retrace"), "--once"])
-        .args(["--dev-share", "0.6"])
-        .args(["--work", dir.join("work").to_str().unwrap()])
-        .output()
-        .unwrap();
-    let said =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{said}");
-    let log = std::fs::read_to_string(dir.join("work/distill.jsonl")).unwrap();
-    let entry: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    let (entry, _) = distill_once(&dir, &toml, "gc2", &s, "0.6");
     // Both heads calibrated on one set and measured on another, no question on both.
     let round = dir.join("work/round-001");
     let (cal, measure) = (
