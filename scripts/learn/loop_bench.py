@@ -190,6 +190,9 @@ def main(argv):
     ap.add_argument("--calibration-traces", type=int, default=150,
                     help="with --target-agreement: the seed head's calibration rows")
     ap.add_argument("--dev-share", type=float, default=0.2, help="distill's held-out share")
+    ap.add_argument("--from-round", type=int, default=1,
+                    help="resume: run this round and the ones after it in a --work folder that "
+                         "ran the ones before (their rows are read back from its loop.jsonl)")
     a = ap.parse_args(argv)
     retrace = retrace_bin(a.retrace)
     a.work.mkdir(parents=True, exist_ok=True)
@@ -245,8 +248,8 @@ def main(argv):
         wait_http(f"{http}/health", 300, procs[-1])
         if guaranteed:
             calibrated(f"http://127.0.0.1:{metrics}/metrics")
-        table = []
-        for k in range(a.rounds):
+        table = earlier_rounds(work / "loop.jsonl", a.from_round)
+        for k in range(a.from_round - 1, a.rounds):
             traces = stream[k * a.round:(k + 1) * a.round]
             # The head's own verdicts before distill swaps it: what served this round.
             verdicts = own_verdicts(http, traces, a.callers, [r["label"] for r in traces]) \
@@ -271,7 +274,8 @@ def main(argv):
                 calibrated(f"http://127.0.0.1:{metrics}/metrics")
             table.append(row)
             print(json.dumps(row), flush=True)
-        write_jsonl(work / "loop.jsonl", table)
+            # Written as each round ends, so a stopped run can be resumed (--from-round).
+            write_jsonl(work / "loop.jsonl", table)
         print("\n| round | traces | escalated | head = judge, alone | cascade F1 | judge calls / trace | s / trace |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for r in table:
@@ -292,6 +296,19 @@ def main(argv):
     finally:
         for p in procs:
             p.terminate()
+
+
+def earlier_rounds(log, from_round):
+    """The rows of the rounds before `from_round`, from a stopped run's log; none for a run
+    from the start. A log missing one of them stops the run: the table would have a hole."""
+    if from_round <= 1:
+        return []
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    rows = [r for r in rows if r["round"] < from_round]
+    if [r["round"] for r in rows] != list(range(1, from_round)):
+        sys.exit(f"--from-round {from_round}: {log} holds rounds {[r['round'] for r in rows]}, "
+                 f"not 1 to {from_round - 1}")
+    return rows
 
 
 def calibrated(url, within=600):
