@@ -62,14 +62,14 @@ pub(crate) fn quantized_matmul(
 /// instead of packing them again on every call, for the same sums.
 #[derive(Debug)]
 pub(crate) struct Dequantized {
-    w_t: Tensor,
-    mins: Option<Tensor>,
+    w_t: Vec<f32>,
+    mins: Option<Vec<f32>>,
 }
 
 impl Dequantized {
     /// Bytes it holds.
     pub(crate) fn bytes(&self) -> usize {
-        4 * (self.w_t.elem_count() + self.mins.as_ref().map_or(0, Tensor::elem_count))
+        4 * (self.w_t.len() + self.mins.as_ref().map_or(0, Vec::len))
     }
 }
 
@@ -83,25 +83,27 @@ pub(crate) fn dequantize_once(table: &QTensor) -> Result<Option<Dequantized>> {
         GgmlDType::Q8_0 => weights::<BlockQ8_0>(table, false)?,
         _ => return Ok(None),
     };
-    Ok(Some(Dequantized {
-        w_t: w.t()?.contiguous()?,
-        mins,
-    }))
+    let (n, k) = table.shape().dims2()?;
+    let mut w_t = vec![0f32; n * k];
+    for (j, row) in w.chunks_exact(k.max(1)).enumerate() {
+        for (i, &v) in row.iter().enumerate() {
+            w_t[i * n + j] = v;
+        }
+    }
+    Ok(Some(Dequantized { w_t, mins }))
 }
 
-/// The weights of a CPU `table` of `W` blocks as f32 (n, k), and its minimums with `with_min`.
-fn weights<W: GgmlType>(table: &QTensor, with_min: bool) -> Result<(Tensor, Option<Tensor>)> {
+/// The weights of a CPU `table` of `W` blocks as f32 (n, k) row-major, and its minimums
+/// (n, k / 32) with `with_min`.
+fn weights<W: GgmlType>(table: &QTensor, with_min: bool) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
     let (n, k) = table.shape().dims2()?;
     let data = table.data()?;
     let all = blocks::<W>(&data)?;
     if !k.is_multiple_of(QK8) || all.len() != n * (k / QK8) {
         candle_core::bail!("quantized table: {} blocks for ({n}, {k})", all.len())
     }
-    let mins = with_min
-        .then(|| Tensor::from_vec(block_mins::<W>(&data), (n, k / QK8), &Device::Cpu))
-        .transpose()?;
-    let w = Tensor::from_vec(dequantize(all, n, k), (n, k), &Device::Cpu)?;
-    Ok((w, mins))
+    let mins = with_min.then(|| block_mins::<W>(&data));
+    Ok((dequantize(all, n, k), mins))
 }
 
 /// `with_min`: the block type stores a minimum `m` beside its scale, so its dot product takes
@@ -127,25 +129,98 @@ fn matmul<W: GgmlType>(
         };
         round_trip_rows(f32s(cpu, layout, "activations")?, k)?
     };
-    let xq = Tensor::from_vec(xq, (rows, k), &Device::Cpu)?;
-    let (y, mins) = match once {
-        Some(d) => (xq.matmul(&d.w_t)?, d.mins.clone()),
+    let nb = k / QK8;
+    let fresh;
+    let (w, mins) = match once {
+        Some(d) => (Rhs::rows_of(&d.w_t, n), d.mins.as_deref()),
         None => {
-            let (w, mins) = weights::<W>(table, with_min)?;
-            (xq.matmul(&w.t()?)?, mins)
+            fresh = weights::<W>(table, with_min)?;
+            (Rhs::columns_of(&fresh.0, k), fresh.1.as_deref())
         }
     };
-    let y = match mins {
-        Some(m) => {
-            let nb = k / QK8;
-            let s = Tensor::from_vec(sums, (rows, nb), &Device::Cpu)?;
-            (y + s.matmul(&m.t()?)?)?
-        }
-        None => y,
-    };
+    let mut y = vec![0f32; rows * n];
+    gemm_into(&mut y, &xq, (rows, k, n), w, false)?;
+    if let Some(m) = mins {
+        // The minimums' small product is summed into `y` where it lies: a product of its own
+        // and then a sum wrote and read three more matrices of y's size, for the same bits.
+        gemm_into(&mut y, &sums, (rows, nb, n), Rhs::columns_of(m, nb), true)?;
+    }
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("rank >= 1") = n;
-    y.reshape(dims)
+    Tensor::from_vec(y, dims, &Device::Cpu)
+}
+
+/// A weight matrix (k, n) as gemm reads it: `data` with the stride between its rows and
+/// between its columns.
+#[derive(Clone, Copy)]
+struct Rhs<'a> {
+    data: &'a [f32],
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> Rhs<'a> {
+    /// `data` holds (k, n) row-major.
+    fn rows_of(data: &'a [f32], n: usize) -> Self {
+        Self { data, rs: n, cs: 1 }
+    }
+
+    /// `data` holds (n, k) row-major: the matrix read transposed.
+    fn columns_of(data: &'a [f32], k: usize) -> Self {
+        Self { data, rs: 1, cs: k }
+    }
+}
+
+/// `dst` (m, n) = `lhs` (m, k) times `rhs`, or `dst +=` that with `add`, all row-major but
+/// `rhs`. gemm is called as candle's matmul calls it (the same strides, thread count and
+/// kernels), so the product has candle's bits, and an added one the bits of candle's sum of
+/// the two products: gemm adds a result to what `dst` holds in one rounding, as that sum does.
+fn gemm_into(
+    dst: &mut [f32],
+    lhs: &[f32],
+    (m, k, n): (usize, usize, usize),
+    rhs: Rhs<'_>,
+    add: bool,
+) -> Result<()> {
+    let last = (k.saturating_sub(1)) * rhs.rs + n.saturating_sub(1) * rhs.cs;
+    if dst.len() != m * n || lhs.len() != m * k || (k * n > 0 && rhs.data.len() <= last) {
+        candle_core::bail!("quantized matmul: operands do not match ({m}, {k}, {n})")
+    }
+    if m * n == 0 {
+        return Ok(());
+    }
+    let threads = super::threads();
+    let parallelism = match threads {
+        1 => gemm::Parallelism::None,
+        t => gemm::Parallelism::Rayon(t),
+    };
+    // SAFETY: the lengths were checked above against every index gemm reads or writes: `dst`
+    // and `lhs` row-major (m, n) and (m, k), `rhs` up to (k - 1) * rs + (n - 1) * cs; `dst`
+    // is borrowed mutably, so nothing else reads it while gemm writes.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            add,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            if add { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+    Ok(())
 }
 
 /// The blocks of a CPU `table` of `W` blocks, read in place.
@@ -321,6 +396,47 @@ mod tests {
                 _ => block_mins::<BlockQ5_1>(&q.data().unwrap()),
             };
             assert_eq!(first_difference(&got, &want), None, "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn the_product_has_the_bits_of_candles_two_products_and_their_sum() {
+        // What this path computed with candle's ops before it called gemm itself: the rounded
+        // activations times the dequantized weights, plus the Q8_1 sums times the minimums.
+        let dev = Device::Cpu;
+        let (n, k) = (40, 256);
+        let w = Tensor::from_vec(data(n * k, 7), (n, k), &dev).unwrap();
+        for dtype in COVERED {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let once = dequantize_once(&q).unwrap().unwrap();
+            let wd = q.dequantize(&dev).unwrap();
+            let mins = match dtype {
+                GgmlDType::Q4_1 => Some(block_mins::<BlockQ4_1>(&q.data().unwrap())),
+                GgmlDType::Q5_1 => Some(block_mins::<BlockQ5_1>(&q.data().unwrap())),
+                _ => None,
+            };
+            // The weights as the path reads them each call (a transposed view) and once (a
+            // transposed copy): gemm reads the two in other orders for a single row.
+            let views = [wd.t().unwrap(), wd.t().unwrap().contiguous().unwrap()];
+            for rows in [1, 65, 300] {
+                let x = data(rows * k, 11 + rows as u64);
+                let (xq, sums) = round_trip_rows(&x, k).unwrap();
+                let xq = Tensor::from_vec(xq, (rows, k), &dev).unwrap();
+                let xt = Tensor::from_vec(x, (rows, k), &dev).unwrap();
+                for (o, w) in [None, Some(&once)].into_iter().zip(&views) {
+                    let mut want = xq.matmul(w).unwrap();
+                    if let Some(m) = &mins {
+                        let m = Tensor::from_vec(m.clone(), (n, k / QK8), &dev).unwrap();
+                        let s = Tensor::from_vec(sums.clone(), (rows, k / QK8), &dev).unwrap();
+                        want = (want + s.matmul(&m.t().unwrap()).unwrap()).unwrap();
+                    }
+                    let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    let got = quantized_matmul(&xt, &q, o).unwrap().unwrap();
+                    let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    let what = (dtype, rows, o.is_some());
+                    assert_eq!(first_difference(&got, &want), None, "{what:?}");
+                }
+            }
         }
     }
 
