@@ -182,7 +182,7 @@ fn gemm_into(
     rhs: Rhs<'_>,
     add: bool,
 ) -> Result<()> {
-    let last = (k.saturating_sub(1)) * rhs.rs + n.saturating_sub(1) * rhs.cs;
+    let last = k.saturating_sub(1) * rhs.rs + n.saturating_sub(1) * rhs.cs;
     if dst.len() != m * n || lhs.len() != m * k || (k * n > 0 && rhs.data.len() <= last) {
         candle_core::bail!("quantized matmul: operands do not match ({m}, {k}, {n})")
     }
@@ -331,6 +331,15 @@ mod tests {
         v
     }
 
+    /// A table's block minimums, for the types that store them.
+    fn mins_of(q: &QTensor) -> Option<Vec<f32>> {
+        match q.dtype() {
+            GgmlDType::Q4_1 => Some(block_mins::<BlockQ4_1>(&q.data().unwrap())),
+            GgmlDType::Q5_1 => Some(block_mins::<BlockQ5_1>(&q.data().unwrap())),
+            _ => None,
+        }
+    }
+
     /// Where two vectors first differ in their bits, if they do (and are of equal lengths).
     fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
         assert_eq!(got.len(), want.len());
@@ -391,10 +400,7 @@ mod tests {
                 .chunks_exact(QK8)
                 .map(|b| b.iter().copied().fold(f32::MAX, f32::min))
                 .collect();
-            let got = match dtype {
-                GgmlDType::Q4_1 => block_mins::<BlockQ4_1>(&q.data().unwrap()),
-                _ => block_mins::<BlockQ5_1>(&q.data().unwrap()),
-            };
+            let got = mins_of(&q).expect("a type with minimums");
             assert_eq!(first_difference(&got, &want), None, "{dtype:?}");
         }
     }
@@ -410,11 +416,7 @@ mod tests {
             let q = QTensor::quantize(&w, dtype).unwrap();
             let once = dequantize_once(&q).unwrap().unwrap();
             let wd = q.dequantize(&dev).unwrap();
-            let mins = match dtype {
-                GgmlDType::Q4_1 => Some(block_mins::<BlockQ4_1>(&q.data().unwrap())),
-                GgmlDType::Q5_1 => Some(block_mins::<BlockQ5_1>(&q.data().unwrap())),
-                _ => None,
-            };
+            let mins = mins_of(&q);
             // The weights as the path reads them each call (a transposed view) and once (a
             // transposed copy): gemm reads the two in other orders for a single row.
             let views = [wd.t().unwrap(), wd.t().unwrap().contiguous().unwrap()];
