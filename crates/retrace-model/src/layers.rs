@@ -3,7 +3,7 @@
 //! multiplied by candle's quantized matmul, which quantizes the activations as llama.cpp does).
 
 use crate::gguf::Gguf;
-use crate::kernels::{Dequantized, dequantize_once, quantized_matmul};
+use crate::kernels::{Dequantized, Rounded, covers, dequantize_once, rounded_matmul};
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Embedding, VarBuilder};
@@ -119,30 +119,46 @@ impl Module for Dense {
 
 impl Module for Lin {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Self::Full(l) => rows_apart(x, l.out_dim()?, |x| l.forward(x)),
-            Self::Quant { w, table, b, once } => {
-                // The 32-element block types in llama.cpp's arithmetic, the same for any number
-                // of rows (see `quantized_matmul`); the K-quants (and every type off the CPU or
-                // outside f32) through candle's own matmul.
-                let n = table.shape().dims2()?.0;
-                let y = rows_apart(x, n, |x| {
-                    let own = if x.device().is_cpu() && x.dtype() == DType::F32 {
-                        quantized_matmul(x, table, once.as_ref())?
-                    } else {
-                        None
+        let [y] = Lin::forward_each([self], x)?;
+        Ok(y)
+    }
+}
+
+impl Lin {
+    /// Each of `lins` applied to the same `x` (q, k and v; gate and up), as `forward` applies
+    /// one: the quantized tables the own matmul runs share one rounding of `x`'s activations
+    /// (the same values for every table, so the same bits as rounding it for each).
+    pub(crate) fn forward_each<const N: usize>(lins: [&Lin; N], x: &Tensor) -> Result<[Tensor; N]> {
+        let mut rounded = None;
+        let mut out = Vec::with_capacity(N);
+        for lin in lins {
+            out.push(match lin {
+                Self::Full(l) => rows_apart(x, l.out_dim()?, |x| l.forward(x))?,
+                Self::Quant { w, table, b, once } => {
+                    let (n, k) = table.shape().dims2()?;
+                    // The 32-element block types in llama.cpp's arithmetic, the same for any
+                    // number of rows (see `rounded_matmul`); the K-quants (and every type off
+                    // the CPU or outside f32) through candle's own matmul.
+                    let own = x.device().is_cpu() && x.dtype() == DType::F32;
+                    let y = match own && covers(table.dtype()) {
+                        true => {
+                            let r = match &rounded {
+                                Some(r) => r,
+                                None => rounded.insert(Rounded::new(x, k)?),
+                            };
+                            rounded_matmul(r, table, once.as_ref(), min_rows(n))?
+                        }
+                        false => rows_apart(x, n, |x| w.forward(x))?,
                     };
-                    match own {
-                        Some(y) => Ok(y),
-                        None => w.forward(x),
+                    match b {
+                        Some(b) => y.broadcast_add(b)?,
+                        None => y,
                     }
-                })?;
-                match b {
-                    Some(b) => y.broadcast_add(b),
-                    None => Ok(y),
                 }
-            }
+            });
         }
+        out.try_into()
+            .map_err(|_| candle_core::Error::Msg("one output per layer".into()))
     }
 }
 
@@ -383,6 +399,45 @@ mod tests {
             let got = once.forward(&x).unwrap().to_vec2::<f32>().unwrap();
             let bits = |v: &[Vec<f32>]| v.concat().iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn layers_applied_together_give_each_ones_bits() {
+        // q, k and v (or gate and up) share one rounding of their input: each output must be
+        // what the layer gives alone, for every kind of layer beside it, padded or not.
+        let dev = Device::Cpu;
+        let k = 256;
+        let table = |n: usize, dtype, seed| {
+            let w = Tensor::from_vec(values(n * k, seed), (n, k), &dev).unwrap();
+            Lin::quant(QTensor::quantize(&w, dtype).unwrap(), None).unwrap()
+        };
+        let w = Tensor::from_vec(values(48 * k, 3), (48, k), &dev).unwrap();
+        let b = Tensor::from_vec(values(64, 5), 64, &dev).unwrap();
+        let with_bias = {
+            let w = Tensor::from_vec(values(64 * k, 9), (64, k), &dev).unwrap();
+            Lin::quant(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(), Some(b)).unwrap()
+        };
+        let lins = [
+            table(96, GgmlDType::Q4_1, 1),
+            table(32, GgmlDType::Q4_0, 2),
+            Lin::Full(Dense::new(w, None).unwrap()),
+            table(64, GgmlDType::Q4K, 4),
+            table(40, GgmlDType::Q5_1, 7),
+            with_bias,
+        ];
+        let bits = |t: &Tensor| {
+            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            v.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+        };
+        for rows in [1, 30, 70] {
+            let x = Tensor::from_vec(values(rows * k, 11 + rows as u64), (rows, k), &dev).unwrap();
+            let together = Lin::forward_each(lins.each_ref(), &x).unwrap();
+            for (lin, got) in lins.iter().zip(&together) {
+                let alone = lin.forward(&x).unwrap();
+                assert_eq!(got.dims(), alone.dims(), "{rows} rows");
+                assert!(bits(got) == bits(&alone), "{rows} rows: a layer moved");
+            }
         }
     }
 

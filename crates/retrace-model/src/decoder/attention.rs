@@ -90,17 +90,29 @@ impl Attention {
         queries: &Queries,
         capture: &mut Capture,
     ) -> Result<Tensor> {
-        let (k, v) = match x {
-            Some(x) => {
+        // q, k and v of the same stream in one call, so a quantized layer rounds it once.
+        let (q, k, v) = match (x, queries) {
+            (Some(x), Queries::Full(_)) => {
+                let [q, k, v] = Lin::forward_each([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
+                (Some(q), Some(k), Some(v))
+            }
+            (Some(x), Queries::Gathered { .. }) => {
+                let [k, v] = Lin::forward_each([&self.k_proj, &self.v_proj], x)?;
+                (None, Some(k), Some(v))
+            }
+            (None, _) => (None, None, None),
+        };
+        let (k, v) = match (x, k, v) {
+            (Some(x), Some(k), Some(v)) => {
                 let n = x.dim(0)?;
-                let k = rope.apply(&self.k_proj.forward(x)?, self.n_kv, None, self.kernels)?;
-                let v = self.heads(self.v_proj.forward(x)?, self.n_kv, n)?;
+                let k = rope.apply(&k, self.n_kv, None, self.kernels)?;
+                let v = self.heads(v, self.n_kv, n)?;
                 capture.take(&k, &v)?;
                 (Some(k), Some(v))
             }
-            None => (None, None),
+            _ => (None, None),
         };
-        let (q, rows) = self.queries(x, rope, queries)?;
+        let (q, rows) = self.queries(q, x, rope, queries)?;
         if self.kernels.fused_for(&q) {
             let groups = (0..seqs.len())
                 .map(|row| {
@@ -147,9 +159,11 @@ impl Attention {
             .contiguous()
     }
 
-    /// The scaled, rotated queries (1, n_heads, rows, hd) and their row count.
+    /// The scaled, rotated queries (1, n_heads, rows, hd) and their row count. `projected`: the
+    /// stream's q projection, when the caller computed it beside k and v (`Full` queries).
     fn queries(
         &self,
+        projected: Option<Tensor>,
         x: Option<&Tensor>,
         rope: &Angles,
         queries: &Queries,
@@ -162,7 +176,10 @@ impl Attention {
             (Queries::Gathered { xq, rope, .. }, _) => (*xq, *rope),
         };
         let rows = xq.dim(0)?;
-        let q = self.q_proj.forward(xq)?;
+        let q = match projected {
+            Some(q) => q,
+            None => self.q_proj.forward(xq)?,
+        };
         Ok((
             rope.apply(&q, self.n_heads, Some(scale), self.kernels)?,
             rows,

@@ -113,11 +113,11 @@ impl Mlp {
             Some(gate_up) if kernels.fused_for(x) => {
                 silu_mul_joined(&gate_up.forward(x)?, kernels)?
             }
-            _ => silu_mul(
-                &self.gate_proj.forward(x)?,
-                &self.up_proj.forward(x)?,
-                kernels,
-            )?,
+            _ => {
+                // One call, so a quantized pair rounds the stream once.
+                let [gate, up] = Lin::forward_each([&self.gate_proj, &self.up_proj], x)?;
+                silu_mul(&gate, &up, kernels)?
+            }
         };
         self.down_proj.forward(&h)
     }

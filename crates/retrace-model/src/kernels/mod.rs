@@ -28,7 +28,7 @@ pub(crate) use gather::KvRun;
 pub use norm::add_rms_norm;
 #[cfg(test)]
 pub(crate) use quant::COVERED;
-pub(crate) use quant::{Dequantized, dequantize_once, quantized_matmul};
+pub(crate) use quant::{Dequantized, Rounded, covers, dequantize_once, rounded_matmul};
 pub use rope::rope_heads;
 pub use silu::{silu_mul, silu_mul_joined};
 

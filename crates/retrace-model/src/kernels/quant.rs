@@ -41,19 +41,76 @@ pub(crate) const COVERED: [GgmlDType; 5] = [
 /// same way for every row).
 /// `once`: the table as `dequantize_once` gave it, which this then reads instead of
 /// dequantizing the weights again (the same values, so the same bits).
-pub(crate) fn quantized_matmul(
+#[cfg(test)]
+fn quantized_matmul(
     x: &Tensor,
     table: &QTensor,
     once: Option<&Dequantized>,
 ) -> Result<Option<Tensor>> {
-    Ok(Some(match table.dtype() {
-        GgmlDType::Q4_0 => matmul::<BlockQ4_0>(x, table, false, once)?,
-        GgmlDType::Q4_1 => matmul::<BlockQ4_1>(x, table, true, once)?,
-        GgmlDType::Q5_0 => matmul::<BlockQ5_0>(x, table, false, once)?,
-        GgmlDType::Q5_1 => matmul::<BlockQ5_1>(x, table, true, once)?,
-        GgmlDType::Q8_0 => matmul::<BlockQ8_0>(x, table, false, once)?,
-        _ => return Ok(None),
-    }))
+    if !covers(table.dtype()) {
+        return Ok(None);
+    }
+    let r = Rounded::new(x, table.shape().dims2()?.1)?;
+    rounded_matmul(&r, table, once, 0).map(Some)
+}
+
+/// Whether `quantized_matmul` runs tables of `dtype` itself.
+pub(crate) fn covers(dtype: GgmlDType) -> bool {
+    use GgmlDType::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+    matches!(dtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0)
+}
+
+/// Activations (.., K) as their 8-bit blocks hold them, and the Q8_1 sums' remainder per
+/// block (`round_trip_rows`): the same for every table they are multiplied by (Q8_0 and Q8_1
+/// round alike), so q, k and v, or gate and up, round their shared input once.
+pub(crate) struct Rounded {
+    xq: Vec<f32>,
+    sums: Vec<f32>,
+    dims: Vec<usize>,
+}
+
+impl Rounded {
+    /// `x`'s rows rounded, after checking they are `k` wide.
+    pub(crate) fn new(x: &Tensor, k: usize) -> Result<Self> {
+        let width = x.dim(candle_core::D::Minus1)?;
+        if width != k {
+            candle_core::bail!("activations: width {width} is not the matrix's {k}")
+        }
+        let x = x.contiguous()?;
+        let (storage, layout) = x.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else {
+            candle_core::bail!("quantized matmul: activations not on the CPU")
+        };
+        let (xq, sums) = round_trip_rows(f32s(cpu, layout, "activations")?, k)?;
+        Ok(Self {
+            xq,
+            sums,
+            dims: x.dims().to_vec(),
+        })
+    }
+
+    fn width(&self) -> usize {
+        *self.dims.last().expect("rank >= 1")
+    }
+}
+
+/// The rounded activations `r` times the transposed `table`, a type `covers` names, computed
+/// on at least `least` rows (zero rows pad a short input and are dropped after: what a row's
+/// sums are then does not depend on how many rows share the call; see `layers::min_rows`).
+pub(crate) fn rounded_matmul(
+    r: &Rounded,
+    table: &QTensor,
+    once: Option<&Dequantized>,
+    least: usize,
+) -> Result<Tensor> {
+    match table.dtype() {
+        GgmlDType::Q4_0 => matmul::<BlockQ4_0>(r, table, false, once, least),
+        GgmlDType::Q4_1 => matmul::<BlockQ4_1>(r, table, true, once, least),
+        GgmlDType::Q5_0 => matmul::<BlockQ5_0>(r, table, false, once, least),
+        GgmlDType::Q5_1 => matmul::<BlockQ5_1>(r, table, true, once, least),
+        GgmlDType::Q8_0 => matmul::<BlockQ8_0>(r, table, false, once, least),
+        other => candle_core::bail!("quantized matmul: {other:?} is not a type it covers"),
+    }
 }
 
 /// A table's weights as f32 and its block minimums (n, k / 32) where the type stores them:
@@ -109,27 +166,21 @@ fn weights<W: GgmlType>(table: &QTensor, with_min: bool) -> Result<(Vec<f32>, Op
 /// `with_min`: the block type stores a minimum `m` beside its scale, so its dot product takes
 /// the activations as Q8_1 and adds `m` times the activation block's sum, kept in f16.
 fn matmul<W: GgmlType>(
-    x: &Tensor,
+    r: &Rounded,
     table: &QTensor,
     with_min: bool,
     once: Option<&Dequantized>,
+    least: usize,
 ) -> Result<Tensor> {
     let (n, k) = table.shape().dims2()?;
     debug_assert_eq!(W::BLCK_SIZE, QK8);
-    let width = x.dim(candle_core::D::Minus1)?;
-    if width != k {
-        candle_core::bail!("activations: width {width} is not the matrix's {k}")
+    if r.width() != k {
+        candle_core::bail!("activations: width {} is not the matrix's {k}", r.width())
     }
-    let x = x.contiguous()?;
-    let rows = x.elem_count() / k.max(1);
-    let (xq, sums) = {
-        let (storage, layout) = x.storage_and_layout();
-        let Storage::Cpu(cpu) = &*storage else {
-            candle_core::bail!("quantized matmul: activations not on the CPU")
-        };
-        round_trip_rows(f32s(cpu, layout, "activations")?, k)?
-    };
     let nb = k / QK8;
+    let rows = r.xq.len() / k.max(1);
+    let m = rows.max(least);
+    let (xq, sums) = (padded(&r.xq, m * k), padded(&r.sums, m * nb));
     let fresh;
     let (w, mins) = match once {
         Some(d) => (Rhs::rows_of(&d.w_t, n), d.mins.as_deref()),
@@ -138,16 +189,28 @@ fn matmul<W: GgmlType>(
             (Rhs::columns_of(&fresh.0, k), fresh.1.as_deref())
         }
     };
-    let mut y = vec![0f32; rows * n];
-    gemm_into(&mut y, &xq, (rows, k, n), w, false)?;
-    if let Some(m) = mins {
+    let mut y = vec![0f32; m * n];
+    gemm_into(&mut y, &xq, (m, k, n), w, false)?;
+    if let Some(mins) = mins {
         // The minimums' small product is summed into `y` where it lies: a product of its own
         // and then a sum wrote and read three more matrices of y's size, for the same bits.
-        gemm_into(&mut y, &sums, (rows, nb, n), Rhs::columns_of(m, nb), true)?;
+        gemm_into(&mut y, &sums, (m, nb, n), Rhs::columns_of(mins, nb), true)?;
     }
-    let mut dims = x.dims().to_vec();
+    y.truncate(rows * n);
+    let mut dims = r.dims.clone();
     *dims.last_mut().expect("rank >= 1") = n;
     Tensor::from_vec(y, dims, &Device::Cpu)
+}
+
+/// `v` followed by zeros up to `len` (borrowed when it is that long already).
+fn padded(v: &[f32], len: usize) -> std::borrow::Cow<'_, [f32]> {
+    if v.len() >= len {
+        return std::borrow::Cow::Borrowed(v);
+    }
+    let mut p = Vec::with_capacity(len);
+    p.extend_from_slice(v);
+    p.resize(len, 0.0);
+    std::borrow::Cow::Owned(p)
 }
 
 /// A weight matrix (k, n) as gemm reads it: `data` with the stride between its rows and
