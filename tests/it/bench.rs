@@ -154,3 +154,64 @@ fn the_searches_run_at_each_callers_count_and_the_cache_reuses_their_prefixes() 
         "a note on beam search's share of its bound:\n{stdout}"
     );
 }
+
+/// The prompt tokens llama-server computed for each request, in order, from its log.
+fn computed_prompts(log: &str) -> Vec<usize> {
+    log.lines()
+        .filter(|l| l.contains("prompt eval time"))
+        .map(|l| {
+            let (_, tail) = l.split_once(" / ").expect("'/ N tokens'");
+            let n = tail.split_whitespace().next().expect("a count");
+            n.parse().unwrap_or_else(|_| panic!("{l}"))
+        })
+        .collect()
+}
+
+/// Against llama-server on the same file, every round starts from empty slots, as retrace's
+/// contender runs with no prefix cache: a run's first prompt is computed whole, as on a fresh
+/// server, not read from what the warm-up or the round before left in a slot.
+#[test]
+fn each_llama_server_round_computes_its_prompts_afresh() {
+    let gguf = common::llama::smollm2_gguf();
+    let o = Command::new(env!("CARGO_BIN_EXE_retrace"))
+        .args([
+            "bench",
+            "--limit",
+            "2",
+            "--rounds",
+            "2",
+            "--concurrency",
+            "1",
+        ])
+        .args(["--gemm-rows", "32"])
+        .arg("--model")
+        .arg(&gguf)
+        .arg("--llama-gguf")
+        .arg(&gguf)
+        .arg("--data")
+        .arg(common::processbench("gsm8k"))
+        .output()
+        .expect("run retrace bench");
+    succeeded(&o);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let header = stderr.lines().find(|l| l.contains("; logs in ")).unwrap();
+    let (head, logs) = header.split_once("; logs in ").unwrap();
+    let steps: usize = head
+        .rsplit(", ")
+        .next()
+        .unwrap()
+        .trim_end_matches(" steps")
+        .parse()
+        .unwrap();
+    let log = std::fs::read_to_string(Path::new(logs.trim()).join("llama-server.log")).unwrap();
+    let prompts = computed_prompts(&log);
+    // The warm-up scores the same two traces, then each round does: a request per step.
+    assert_eq!(prompts.len(), 3 * steps, "{prompts:?}");
+    let (warm, rounds) = prompts.split_at(steps);
+    let (first, second) = rounds.split_at(steps);
+    assert_eq!(first, second, "the two rounds computed different prompts");
+    // A slot holding the warm-up's (or the last round's) conversation leaves one token of the
+    // first prompt to compute; an empty one, all of its hundreds.
+    assert!(first[0] > 16, "round 1 began on a warm slot: {prompts:?}");
+    assert!(warm.iter().all(|&n| n > 0), "{warm:?}");
+}

@@ -200,6 +200,10 @@ async fn rounds(
                 }
             }
             for who in order {
+                if let (Contender::Llama, Some(l)) = (who, llama) {
+                    // Each round from empty slots, as retrace's runs with no prefix cache.
+                    l.forget().await?;
+                }
                 let started = Instant::now();
                 let run = match (who, llama) {
                     (Contender::Retrace, _) => {
