@@ -167,9 +167,10 @@ fn computed_prompts(log: &str) -> Vec<usize> {
         .collect()
 }
 
-/// Against llama-server on the same file, every round starts from empty slots, as retrace's
-/// contender runs with no prefix cache: a run's first prompt is computed whole, as on a fresh
-/// server, not read from what the warm-up or the round before left in a slot.
+/// Against llama-server on the same file, no round reads the one before from llama-server's
+/// slots or prompt cache (retrace's contender runs with no prefix cache): a run's first prompt
+/// is computed past the shared system prompt, not served whole from memory, and every round
+/// computes the same prompts.
 #[test]
 fn each_llama_server_round_computes_its_prompts_afresh() {
     let gguf = common::llama::smollm2_gguf();
@@ -209,9 +210,15 @@ fn each_llama_server_round_computes_its_prompts_afresh() {
     assert_eq!(prompts.len(), 3 * steps, "{prompts:?}");
     let (warm, rounds) = prompts.split_at(steps);
     let (first, second) = rounds.split_at(steps);
-    assert_eq!(first, second, "the two rounds computed different prompts");
-    // A slot holding the warm-up's (or the last round's) conversation leaves one token of the
-    // first prompt to compute; an empty one, all of its hundreds.
+    // The marker's words may match the last round's marker for a token or two of the first.
+    assert_eq!(
+        first[1..],
+        second[1..],
+        "the two rounds computed different prompts"
+    );
+    assert!(first[0].abs_diff(second[0]) <= 8, "{prompts:?}");
+    // A slot holding the same conversation from the warm-up or the round before leaves one
+    // token of the first prompt to compute; another trace's, all but the system prompt.
     assert!(first[0] > 16, "round 1 began on a warm slot: {prompts:?}");
     assert!(warm.iter().all(|&n| n > 0), "{warm:?}");
 }

@@ -18,8 +18,6 @@ pub(super) struct LlamaServer {
     pub(super) guard: Guard,
     base: String,
     http: reqwest::Client,
-    /// Its slots, which `forget` empties.
-    slots: usize,
     /// How many alternatives each reply lists; '+' or '-' outside them counts as a miss.
     top_logprobs: usize,
 }
@@ -60,12 +58,6 @@ impl LlamaServer {
             // request k reuse request k-1's prefix, as it does for users.
             .args(["-c", &(ctx * parallel).to_string()])
             .args(["-np", &parallel.to_string()])
-            // What a run leaves behind is emptied before the next (`forget`): the slots, through
-            // their erase action (which needs a save path), and no prompt cache in RAM, which
-            // would hand a round the prompts of the one before.
-            .arg("--slot-save-path")
-            .arg(log.parent().unwrap_or(Path::new(".")))
-            .args(["--cache-ram", "0"])
             .args(["-t", &threads.to_string()])
             .arg("--jinja")
             .args(&opts.llama_args)
@@ -84,27 +76,8 @@ impl LlamaServer {
             guard,
             base,
             http,
-            slots: parallel,
             top_logprobs,
         })
-    }
-
-    /// Empties every slot, so the next run computes its prompts as the first did: a round
-    /// that found the last round's traces in the slots computed a quarter fewer tokens, and
-    /// retrace's contender runs with its prefix cache off.
-    pub(super) async fn forget(&self) -> anyhow::Result<()> {
-        self.guard_alive()?;
-        for id in 0..self.slots {
-            let url = format!("{}/slots/{id}?action=erase", self.base);
-            let reply = self.http.post(&url).send().await;
-            let reply = reply.with_context(|| format!("llama-server: erasing slot {id}"))?;
-            if !reply.status().is_success() {
-                let status = reply.status();
-                let body = reply.text().await.unwrap_or_default();
-                bail!("llama-server would not erase slot {id}: {status} {body}");
-            }
-        }
-        Ok(())
     }
 
     /// Scores every trace of `work`, `concurrency` traces at a time, each trace's steps one

@@ -220,14 +220,23 @@ impl ContenderRun {
 }
 
 impl Workload {
-    fn load(opts: &BenchOptions, formatter: &Formatter, shapes: &Shapes) -> anyhow::Result<Self> {
+    /// --limit traces of --data, each question opening with `marker` when one is given.
+    fn load(
+        opts: &BenchOptions,
+        formatter: &Formatter,
+        shapes: &Shapes,
+        marker: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let mut traces = Vec::new();
         let (mut tokens, mut steps, mut flops) = (0, 0, 0.0);
         for record in read_records(&opts.data)?.take(opts.limit) {
             let r = record?;
             // The server's own edge parsing, so the text scored here is the text it scores.
             let parts = retrace::TraceParts {
-                question: r.question,
+                question: match marker {
+                    Some(m) => format!("{m} {}", r.question),
+                    None => r.question,
+                },
                 options: r.options,
                 steps: r.steps,
                 text: r.text.unwrap_or_default(),

@@ -31,6 +31,8 @@ pub(crate) struct SpeedSample {
     pub(crate) concurrency: usize,
     pub(crate) round: usize,
     pub(crate) run: ContenderRun,
+    /// What it scored: the traces with the run's marker (its own token count).
+    pub(crate) work: Arc<Workload>,
 }
 
 /// Everything the speed table is made of.
@@ -171,7 +173,7 @@ impl SpeedReport {
     pub(crate) fn median_of(&self, who: Contender, c: usize, metric: fn(&Rates) -> f64) -> f64 {
         median(
             self.runs_of(who, c)
-                .map(|m| metric(&Rates::of(&m.run, &self.work)))
+                .map(|m| metric(&Rates::of(&m.run, &m.work)))
                 .collect(),
         )
     }
@@ -182,7 +184,7 @@ impl SpeedReport {
             let get = |who| {
                 self.runs_of(who, c)
                     .find(|m| m.round == round)
-                    .map(|m| metric(&Rates::of(&m.run, &self.work)))
+                    .map(|m| metric(&Rates::of(&m.run, &m.work)))
             };
             let (r, l) = (get(Contender::Retrace)?, get(Contender::Llama)?);
             Some(if higher_better { r / l } else { l / r })

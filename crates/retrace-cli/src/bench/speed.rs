@@ -31,7 +31,7 @@ pub(super) async fn speed(opts: BenchOptions) -> anyhow::Result<()> {
     let model = opts.model.clone().unwrap_or_else(|| cache.join("smollm2"));
     let formatter = formatter(&opts, &model)?;
     let shapes = Shapes::load(&model)?;
-    let work = Arc::new(Workload::load(&opts, &formatter, &shapes)?);
+    let work = Arc::new(Workload::load(&opts, &formatter, &shapes, None)?);
     let logs = std::env::temp_dir().join(format!("retrace-bench-{}", std::process::id()));
     std::fs::create_dir_all(&logs)?;
     eprintln!(
@@ -52,7 +52,8 @@ pub(super) async fn speed(opts: BenchOptions) -> anyhow::Result<()> {
         false => Some(start_llama(&opts, &cache, &work, &logs).await?),
     };
     warm_up(&retrace, llama.as_ref(), &work).await?;
-    let runs = rounds(&opts, &retrace, llama.as_ref(), &work).await?;
+    let marked = |marker: &str| Workload::load(&opts, &formatter, &shapes, Some(marker));
+    let runs = rounds(&opts, &retrace, llama.as_ref(), marked).await?;
 
     let retrace_rss = match &retrace.server {
         Some(guard) => Some(guard.peak_rss()?),
@@ -181,16 +182,20 @@ async fn warm_up(
 }
 
 /// Every contender at every concurrency, --rounds times, alternating who goes first so drift
-/// on a shared machine hits both alike.
+/// on a shared machine hits both alike. Each run's questions open with a marker naming it (as
+/// the reuse workloads' do), built by `marked`: llama-server's slots and its prompt cache keep
+/// the prompts of the run before, which would answer a quarter to a third of a repeated run's
+/// tokens from memory, while retrace's contender runs with no prefix cache.
 async fn rounds(
     opts: &BenchOptions,
     retrace: &Retrace,
     llama: Option<&LlamaServer>,
-    work: &Arc<Workload>,
+    marked: impl Fn(&str) -> anyhow::Result<Workload>,
 ) -> anyhow::Result<Vec<SpeedSample>> {
     let mut runs = Vec::new();
     for round in 0..opts.rounds {
         for &c in &opts.concurrency {
+            let work = Arc::new(marked(&format!("Round {}, {c} in flight.", round + 1))?);
             let llama_first = round % 2 == 1;
             let mut order = vec![Contender::Retrace];
             if llama.is_some() {
@@ -200,16 +205,12 @@ async fn rounds(
                 }
             }
             for who in order {
-                if let (Contender::Llama, Some(l)) = (who, llama) {
-                    // Each round from empty slots, as retrace's runs with no prefix cache.
-                    l.forget().await?;
-                }
                 let started = Instant::now();
                 let run = match (who, llama) {
                     (Contender::Retrace, _) => {
-                        grpc::run(&retrace.client, &retrace.evaluator, work, c).await?
+                        grpc::run(&retrace.client, &retrace.evaluator, &work, c).await?
                     }
-                    (Contender::Llama, Some(l)) => l.run(work, c).await?,
+                    (Contender::Llama, Some(l)) => l.run(&work, c).await?,
                     (Contender::Llama, None) => unreachable!("only run when started"),
                 };
                 eprintln!(
@@ -223,6 +224,7 @@ async fn rounds(
                     concurrency: c,
                     round,
                     run,
+                    work: work.clone(),
                 });
             }
         }
