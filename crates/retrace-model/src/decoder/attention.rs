@@ -91,26 +91,25 @@ impl Attention {
         capture: &mut Capture,
     ) -> Result<Tensor> {
         // q, k and v of the same stream in one call, so a quantized layer rounds it once.
-        let (q, k, v) = match (x, queries) {
+        let (q, kv) = match (x, queries) {
             (Some(x), Queries::Full(_)) => {
                 let [q, k, v] = Lin::forward_each([&self.q_proj, &self.k_proj, &self.v_proj], x)?;
-                (Some(q), Some(k), Some(v))
+                (Some(q), Some((x, k, v)))
             }
             (Some(x), Queries::Gathered { .. }) => {
                 let [k, v] = Lin::forward_each([&self.k_proj, &self.v_proj], x)?;
-                (None, Some(k), Some(v))
+                (None, Some((x, k, v)))
             }
-            (None, _) => (None, None, None),
+            (None, _) => (None, None),
         };
-        let (k, v) = match (x, k, v) {
-            (Some(x), Some(k), Some(v)) => {
-                let n = x.dim(0)?;
+        let (k, v) = match kv {
+            Some((x, k, v)) => {
                 let k = rope.apply(&k, self.n_kv, None, self.kernels)?;
-                let v = self.heads(v, self.n_kv, n)?;
+                let v = self.heads(v, self.n_kv, x.dim(0)?)?;
                 capture.take(&k, &v)?;
                 (Some(k), Some(v))
             }
-            _ => (None, None),
+            None => (None, None),
         };
         let (q, rows) = self.queries(q, x, rope, queries)?;
         if self.kernels.fused_for(&q) {

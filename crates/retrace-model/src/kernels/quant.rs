@@ -21,6 +21,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Result, Storage, Tensor};
 use half::f16;
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 /// Elements per 8-bit activation block (Q8_0 and Q8_1 alike), and per weight block of every
 /// type this path covers.
@@ -203,14 +204,14 @@ fn matmul<W: GgmlType>(
 }
 
 /// `v` followed by zeros up to `len` (borrowed when it is that long already).
-fn padded(v: &[f32], len: usize) -> std::borrow::Cow<'_, [f32]> {
+fn padded(v: &[f32], len: usize) -> Cow<'_, [f32]> {
     if v.len() >= len {
-        return std::borrow::Cow::Borrowed(v);
+        return Cow::Borrowed(v);
     }
     let mut p = Vec::with_capacity(len);
     p.extend_from_slice(v);
     p.resize(len, 0.0);
-    std::borrow::Cow::Owned(p)
+    Cow::Owned(p)
 }
 
 /// A weight matrix (k, n) as gemm reads it: `data` with the stride between its rows and
