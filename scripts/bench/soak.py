@@ -257,7 +257,15 @@ def proc_stats(pid):
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
+    return parse_status(status, fds)
+
+
+def parse_status(status, fds):
+    """RSS (KiB), fds and threads from /proc/PID/status; None for a process that is exiting:
+    between `poll()` and the read a killed replica can be a zombie, whose status has no VmRSS."""
     field = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if "VmRSS" not in field or "Threads" not in field:
+        return None
     return int(field["VmRSS"].split()[0]), fds, int(field["Threads"].split()[0])
 
 
