@@ -1,12 +1,12 @@
 //! Blocked causal attention with an online softmax, on f32 slices: for each block of a query
 //! group's queries and each of its kv heads, key blocks in order with a running max, sum and
 //! accumulator per query row, so no (queries x keys) score matrix is ever built and masked
-//! blocks are never computed. Grouped-query heads read their kv head's keys by index; each
-//! task gathers a block of them (`gather`) from their runs (the packed stream, or the prefix
-//! cache's tensors) into its scratch, where every row of the task reads them.
+//! blocks are never computed. Grouped-query heads read their kv head's keys by index: each
+//! group's key blocks are gathered once (`gather::Blocks`) from their runs (the packed stream,
+//! or the prefix cache's tensors), and every task of the group reads them.
 
 use super::exp::exp;
-use super::gather::{BK, KvRun, gather};
+use super::gather::{BK, Blocks, Keys, KvRun};
 use super::simd::{Mac, simd_fn};
 use rayon::prelude::*;
 
@@ -43,13 +43,22 @@ impl Heads {
 /// into `out` (nq, heads * hd), which starts zeroed.
 pub(crate) fn attend(q: &[f32], nq: usize, groups: &[QueryGroup], dims: Heads, out: &mut [f32]) {
     let width = dims.heads * dims.hd;
-    // Tasks in row order, each with its rows of `out`.
-    let mut tasks: Vec<(&QueryGroup, usize, &mut [f32])> = Vec::new();
+    let keys: Vec<Keys> = groups
+        .iter()
+        .map(|g| match (g.positions.first(), g.positions.last()) {
+            (Some(&a), Some(&z)) => (g.runs, (dims.first_key(a as usize), z as usize + 1)),
+            _ => (g.runs, (0, 0)),
+        })
+        .collect();
+    let blocks = Blocks::gather(&keys, dims.kv, dims.hd);
+    // Tasks in row order, each with its group's index and its rows of `out`.
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     let mut cost = 0;
     let (mut rest, mut at) = (out, 0);
-    let mut order: Vec<&QueryGroup> = groups.iter().collect();
-    order.sort_by_key(|g| g.first_row);
-    for g in order {
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by_key(|&i| groups[i].first_row);
+    for gi in order {
+        let g = &groups[gi];
         for a in (0..g.positions.len()).step_by(QB) {
             let n = QB.min(g.positions.len() - a);
             let row = g.first_row + a;
@@ -58,15 +67,16 @@ pub(crate) fn attend(q: &[f32], nq: usize, groups: &[QueryGroup], dims: Heads, o
             (rest, at) = (tail, row + n);
             let last = g.positions[a + n - 1] as usize;
             cost += n * (last + 1 - dims.first_key(g.positions[a] as usize)) * width;
-            tasks.push((g, a, mine));
+            tasks.push((gi, a, mine));
         }
     }
-    let run = |scratch: &mut Scratch, (g, a, o): (&QueryGroup, usize, &mut [f32])| {
+    let run = |scratch: &mut Scratch, (gi, a, o): (usize, usize, &mut [f32])| {
         let block = Block {
             q,
             nq,
             dims,
-            group: g,
+            group: &groups[gi],
+            blocks: (&blocks, gi),
             start: a,
             len: o.len() / width,
         };
@@ -85,12 +95,9 @@ pub(crate) fn attend(q: &[f32], nq: usize, groups: &[QueryGroup], dims: Heads, o
     }
 }
 
-/// A thread's working memory: one key block transposed (hd x BK) and its values (BK x hd),
-/// a score tile, and each row's running max, sum and accumulator (rows x hd, rows padded to
-/// a whole tile).
+/// A thread's working memory: a score tile, and each row's running max, sum and accumulator
+/// (rows x hd, rows padded to a whole tile).
 struct Scratch {
-    kt: Vec<f32>,
-    vb: Vec<f32>,
     s: [[f32; BK]; R],
     m: Vec<f32>,
     l: Vec<f32>,
@@ -101,8 +108,6 @@ impl Scratch {
     fn new(dims: Heads) -> Self {
         let rows = QB * (dims.heads / dims.kv.max(1));
         Self {
-            kt: vec![0.0; dims.hd * BK],
-            vb: vec![0.0; BK * dims.hd],
             s: [[0.0; BK]; R],
             m: vec![0.0; rows],
             l: vec![0.0; rows],
@@ -117,6 +122,8 @@ struct Block<'a> {
     nq: usize,
     dims: Heads,
     group: &'a QueryGroup<'a>,
+    /// The gathered key blocks, and this group's index in them.
+    blocks: (&'a Blocks, usize),
     start: usize,
     len: usize,
 }
@@ -143,12 +150,14 @@ impl Block<'_> {
         sc.m[..rows].fill(f32::NEG_INFINITY);
         sc.l[..rows].fill(0.0);
         sc.acc[..rows.next_multiple_of(R) * hd].fill(0.0);
-        let k_lo = d.first_key(self.pos(0, group));
+        // Blocks on the grid of positions the blocks were gathered on; keys before a row's
+        // window are masked as any others.
+        let k_lo = d.first_key(self.pos(0, group)) / BK * BK;
         let k_hi = self.pos(rows - 1, group) + 1;
+        let (blocks, g) = self.blocks;
         for j0 in (k_lo..k_hi).step_by(BK) {
             let j1 = (j0 + BK).min(k_hi);
-            gather(self.group.runs, kv, hd, (j0, j1), &mut sc.kt, &mut sc.vb);
-            let (kt, vb) = (&sc.kt[..], &sc.vb[..]);
+            let (kt, vb) = blocks.block(g, kv, j0 / BK);
             for t0 in (0..rows).step_by(R) {
                 let tile: [usize; R] = std::array::from_fn(|i| (t0 + i).min(rows - 1));
                 // Positions ascend with rows: past the tile's last query's key range, or
@@ -285,7 +294,6 @@ simd_fn! {
 /// Fixed-width loops, so the exponentials run a vector at a time.
 #[inline(always)]
 fn weights<M: Mac>(s: &mut [f32; BK], m: f32) -> f32 {
-    let mut sum = [0f32; 16];
     for c in s.chunks_exact_mut(16) {
         // Loops, not `array::from_fn`: a closure does not inherit the copy's target
         // features, and where it is not inlined (unoptimised callers, many codegen units)
@@ -295,11 +303,28 @@ fn weights<M: Mac>(s: &mut [f32; BK], m: f32) -> f32 {
             e[i] = exp::<M>(c[i] - m);
         }
         c.copy_from_slice(&e);
+    }
+    weight_sum::<M>(s)
+}
+
+/// The sum of a row's weights: 16 lanes, each summing its column of the row's 16-wide chunks
+/// in order, then halved, so it is four vector additions, not sixteen dependent scalar ones.
+/// On AVX-512 it is written out in intrinsics (the same additions in the same order): LLVM
+/// otherwise spreads the lanes across the tile's unrolled rows and adds them one at a time.
+#[inline(always)]
+fn weight_sum<M: Mac>(s: &[f32; BK]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if M::TILE == 64 {
+        // SAFETY: a tile of 64 lanes is the AVX-512 copy's (`simd_fn!`), which runs only on a
+        // CPU with AVX-512F.
+        return unsafe { weight_sum_avx512(s) };
+    }
+    let mut sum = [0f32; 16];
+    for c in s.chunks_exact(16) {
         for i in 0..16 {
-            sum[i] += e[i];
+            sum[i] += c[i];
         }
     }
-    // Halving, so the sum is four vector additions, not sixteen dependent scalar ones.
     let mut half = [0f32; 8];
     for i in 0..8 {
         half[i] = sum[i] + sum[i + 8];
@@ -309,6 +334,33 @@ fn weights<M: Mac>(s: &mut [f32; BK], m: f32) -> f32 {
         quarter[i] = half[i] + half[i + 4];
     }
     (quarter[0] + quarter[2]) + (quarter[1] + quarter[3])
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn weight_sum_avx512(s: &[f32; BK]) -> f32 {
+    use std::arch::x86_64::*;
+    let at = |k: usize| {
+        // SAFETY: 16 lanes from `k`, and `k` + 16 <= BK.
+        unsafe { _mm512_loadu_ps(s[k..k + 16].as_ptr()) }
+    };
+    // 0 + the first chunk, as the generic loop adds it (0 + x is x for the weights' x >= 0).
+    let mut sum = at(0);
+    for k in (16..BK).step_by(16) {
+        sum = _mm512_add_ps(sum, at(k));
+    }
+    // Lanes i and i + 8, then i and i + 4: the generic loop's halving.
+    let lo = _mm512_castps512_ps256(sum);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sum)));
+    let half = _mm256_add_ps(lo, hi);
+    let quarter = _mm_add_ps(
+        _mm256_castps256_ps128(half),
+        _mm256_extractf128_ps::<1>(half),
+    );
+    // (q0 + q2) and (q1 + q3), then their sum.
+    let pairs = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));
+    _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)))
 }
 
 simd_fn! {
@@ -400,8 +452,10 @@ fn weigh_cols<M: Mac, const W: usize>(
     let hi = hi.min(BK);
     let mut a = [[0f32; W]; R];
     for r in 0..R {
+        // Sliced to W first, so the loop is whole vectors with no bounds checks.
+        let row = &acc[r * hd + c..r * hd + c + W];
         for i in 0..W {
-            a[r][i] = acc[r * hd + c + i] * alpha[r];
+            a[r][i] = row[i] * alpha[r];
         }
     }
     for j in lo..hi {

@@ -1,10 +1,12 @@
-//! One block of a kv head's keys and values gathered for attention's score tile: the keys
-//! transposed (hd x BK), the values copied (BK x hd), from the runs they live in (the packed
-//! stream, the prefix cache's tensors). Attention gathers each block once per task of 32
-//! queries, so on a long row the transposition is a few percent of the forward; on AVX-512 it
-//! runs as 16 x 16 in-register transposes rather than one scattered store per element.
+//! Blocks of a kv head's keys and values for attention's score tile: the keys transposed
+//! (hd x BK), the values copied (BK x hd), from the runs they live in (the packed stream, the
+//! prefix cache's tensors). `Blocks` gathers each query group's blocks once per attention call,
+//! for every task of the group to read; on AVX-512 the transposition runs as 16 x 16
+//! in-register transposes rather than one scattered store per element.
 
 use super::simd::{Level, level};
+use rayon::prelude::*;
+use std::cell::Cell;
 
 /// Keys per block: the bookkeeping (gathering, masking, the softmax's max) is per block, so
 /// larger blocks amortize it; 64 measured faster than 32 at 512 and 2,048 keys.
@@ -22,9 +24,87 @@ pub(crate) struct KvRun<'a> {
     pub(crate) offset: usize,
 }
 
+/// Every query group's keys and values, per kv head, in blocks of BK positions on the grid of
+/// absolute positions (block b holds positions `b * BK..`), gathered once and read by every
+/// task of the group. Gathered per task instead, a row of 4,096 tokens transposed and copied
+/// its keys once per 32 queries: about 6% of that forward.
+pub(super) struct Blocks {
+    buf: Vec<f32>,
+    /// Per group: where its blocks start in `buf`, its first block, its blocks per kv head.
+    spans: Vec<(usize, usize, usize)>,
+    hd: usize,
+}
+
+thread_local! {
+    /// The last `Blocks`' buffer, for the next: a fresh one of a long row's size came from the
+    /// OS on every call, and faulting its pages in cost about 4% of a forward at 4,096. The
+    /// forward's thread keeps its largest, which a forward of that size holds anyway.
+    static SPARE: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+impl Drop for Blocks {
+    fn drop(&mut self) {
+        SPARE.set(std::mem::take(&mut self.buf));
+    }
+}
+
+/// A group's key runs and the positions `lo..hi` its queries see.
+pub(super) type Keys<'a> = (&'a [KvRun<'a>], (usize, usize));
+
+/// One block to gather: the runs, the kv head, its positions, and where it goes.
+type Job<'a, 'b> = (&'a [KvRun<'a>], usize, (usize, usize), &'b mut [f32]);
+
+impl Blocks {
+    /// The blocks of `kv` kv heads of size `hd` covering each group's positions.
+    pub(super) fn gather(groups: &[Keys], kv: usize, hd: usize) -> Self {
+        let size = 2 * hd * BK;
+        let mut spans = Vec::with_capacity(groups.len());
+        let mut at = 0;
+        for &(_, (lo, hi)) in groups {
+            let first = lo / BK;
+            let count = hi.div_ceil(BK).saturating_sub(first);
+            spans.push((at, first, count));
+            at += kv * count * size;
+        }
+        let mut buf = SPARE.take();
+        buf.clear();
+        buf.resize(at, 0.0);
+        let mut jobs: Vec<Job> = Vec::new();
+        let mut rest = buf.as_mut_slice();
+        for (&(runs, (_, hi)), &(_, first, count)) in groups.iter().zip(&spans) {
+            for h in 0..kv {
+                for b in first..first + count {
+                    let (mine, tail) = std::mem::take(&mut rest).split_at_mut(size);
+                    rest = tail;
+                    jobs.push((runs, h, (b * BK, ((b + 1) * BK).min(hi)), mine));
+                }
+            }
+        }
+        let fill = |(runs, h, keys, mine): Job| {
+            let (kt, vb) = mine.split_at_mut(hd * BK);
+            gather(runs, h, hd, keys, kt, vb);
+        };
+        if super::pieces(at) == 1 {
+            jobs.into_iter().for_each(fill);
+        } else {
+            jobs.into_par_iter().for_each(fill);
+        }
+        Self { buf, spans, hd }
+    }
+
+    /// Group `g`'s block `b` (positions `b * BK..`) of kv head `h`: its keys transposed
+    /// (hd x BK) and its values (BK x hd).
+    pub(super) fn block(&self, g: usize, h: usize, b: usize) -> (&[f32], &[f32]) {
+        let (at, first, count) = self.spans[g];
+        let size = 2 * self.hd * BK;
+        let i = at + (h * count + b - first) * size;
+        self.buf[i..i + size].split_at(self.hd * BK)
+    }
+}
+
 /// Keys `j0..j1` of kv head `kv` from `runs`: transposed into `kt` (hd x BK), values into
 /// `vb` (BK x hd); a short block's remaining columns are zeroed (they are masked).
-pub(super) fn gather(
+fn gather(
     runs: &[KvRun],
     kv: usize,
     hd: usize,
@@ -123,6 +203,38 @@ fn transpose16(r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each group's blocks, read back, are what gathering that block alone gives, for a group
+    /// whose positions start mid-block (a window) and one that starts at 0.
+    #[test]
+    fn blocks_hold_what_each_block_gathers() {
+        let hd = 16;
+        let k: Vec<f32> = (0..300 * hd).map(|i| i as f32).collect();
+        let v: Vec<f32> = (0..300 * hd).map(|i| -(i as f32)).collect();
+        let run = |pos, len, offset| KvRun {
+            pos,
+            len,
+            k: &k,
+            v: &v,
+            stride: 150,
+            offset,
+        };
+        let (a, b) = ([run(0, 37, 3), run(37, 60, 40)], [run(70, 80, 0)]);
+        let groups: [Keys; 2] = [(&a, (0, 97)), (&b, (100, 150))];
+        let blocks = Blocks::gather(&groups, 2, hd);
+        for (g, &(runs, (lo, hi))) in groups.iter().enumerate() {
+            for h in 0..2 {
+                for n in lo / BK..hi.div_ceil(BK) {
+                    let (mut kt, mut vb) = (vec![0.0; hd * BK], vec![0.0; BK * hd]);
+                    let keys = (n * BK, ((n + 1) * BK).min(hi));
+                    gather(runs, h, hd, keys, &mut kt, &mut vb);
+                    let (got_k, got_v) = blocks.block(g, h, n);
+                    assert_eq!(got_k, &kt[..], "group {g} head {h} block {n}: keys");
+                    assert_eq!(got_v, &vb[..], "group {g} head {h} block {n}: values");
+                }
+            }
+        }
+    }
 
     /// The wide path (on a CPU with AVX-512) against the element-by-element one, over runs
     /// that start mid-block and blocks that end short.
