@@ -270,7 +270,7 @@ impl PrmModel {
     /// position past its row is refused, never indexed.
     pub fn score(&self, batch: Batch<'_>) -> Result<Vec<Row>, ModelError> {
         self.check_input(batch.ids, batch.positions)?;
-        self.runner().score(batch)
+        self.on_pool(|| self.runner().score(batch))
     }
 
     /// The hidden states of `layers` at each row's positions, through the same batching and
@@ -287,7 +287,21 @@ impl PrmModel {
                  ({n} is after the final norm)"
             )));
         }
-        self.runner().states(batch, layers)
+        self.on_pool(|| self.runner().states(batch, layers))
+    }
+
+    /// Runs a forward `f` on the compute pool (rayon's) when the model is on the CPU. Called
+    /// from a thread outside the pool, every parallel kernel of the forward (a few hundred a
+    /// forward) handed its work to the pool and put the caller to sleep until it was done, and
+    /// its pieces' threads slept between kernels; on one of the pool's threads the forward forks
+    /// each kernel itself and runs a share of it. Which thread runs a piece does not change its
+    /// sums. On a GPU the forward stays on its caller's thread, which holds the device.
+    fn on_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if self.decoder.embeddings().device().is_cpu() && rayon::current_thread_index().is_none() {
+            rayon::scope(|_| f())
+        } else {
+            f()
+        }
     }
 
     /// That the rows fit the model and the positions their rows.
