@@ -204,13 +204,20 @@ fn transpose16(r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512
 mod tests {
     use super::*;
 
+    /// `n` keys and values, each element its index (values negated), so every one is told
+    /// apart.
+    fn keys_and_values(n: usize) -> (Vec<f32>, Vec<f32>) {
+        let k: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let v = k.iter().map(|x| -x).collect();
+        (k, v)
+    }
+
     /// Each group's blocks, read back, are what gathering that block alone gives, for a group
     /// whose positions start mid-block (a window) and one that starts at 0.
     #[test]
     fn blocks_hold_what_each_block_gathers() {
         let hd = 16;
-        let k: Vec<f32> = (0..300 * hd).map(|i| i as f32).collect();
-        let v: Vec<f32> = (0..300 * hd).map(|i| -(i as f32)).collect();
+        let (k, v) = keys_and_values(300 * hd);
         let run = |pos, len, offset| KvRun {
             pos,
             len,
@@ -241,8 +248,7 @@ mod tests {
     #[test]
     fn gathered_blocks_hold_each_key_transposed_and_each_value() {
         let hd = 32;
-        let k: Vec<f32> = (0..200 * hd).map(|i| i as f32).collect();
-        let v: Vec<f32> = (0..200 * hd).map(|i| -(i as f32)).collect();
+        let (k, v) = keys_and_values(200 * hd);
         let run = |pos, len, offset| KvRun {
             pos,
             len,
